@@ -1,0 +1,50 @@
+"""homing: exactly-once messaging, durable jobs and data pipelines on SQLite or PostgreSQL."""
+
+from homing.clock import Clock, ManualClock, SystemClock
+from homing.database import Database, ShardedDatabase, Transaction, connect
+from homing.errors import (
+    ConfigurationError,
+    HomingError,
+    InvalidArgument,
+    InvalidFilter,
+    InvalidState,
+    JobNotFound,
+    NotFound,
+    PayloadTooLarge,
+    PermanentFailure,
+    SchemaError,
+    StaleLease,
+    StoreUnavailable,
+)
+from homing.ids import uuid7
+from homing.jobs import Failure, Holder, Job, JobDetails, JobSpec
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Clock",
+    "ConfigurationError",
+    "Database",
+    "Failure",
+    "Holder",
+    "HomingError",
+    "InvalidArgument",
+    "InvalidFilter",
+    "InvalidState",
+    "Job",
+    "JobDetails",
+    "JobNotFound",
+    "JobSpec",
+    "ManualClock",
+    "NotFound",
+    "PayloadTooLarge",
+    "PermanentFailure",
+    "SchemaError",
+    "ShardedDatabase",
+    "StaleLease",
+    "StoreUnavailable",
+    "SystemClock",
+    "Transaction",
+    "connect",
+    "uuid7",
+]

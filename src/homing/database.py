@@ -1,0 +1,484 @@
+"""``homing.connect``: the object the job API lives on, for one store or a sharded set."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import zlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from datetime import datetime
+from typing import Any
+
+from homing.clock import Clock
+from homing.errors import ConfigurationError, InvalidArgument, JobNotFound
+from homing.jobs import (
+    DEFAULT_MAX_ARGS_BYTES,
+    DEFAULT_RETENTION_S,
+    Job,
+    JobDetails,
+    JobOps,
+    JobSpec,
+    check_seconds,
+)
+from homing.store import jobs_queries as q
+from homing.store import open_store
+from homing.store.protocol import Store, Tx
+
+
+class _JobAPI:
+    """The job API written once; subclasses say which transaction each call runs in."""
+
+    _ops: JobOps
+
+    def _tx(self) -> AbstractContextManager[Tx]:
+        raise NotImplementedError
+
+    def insert(
+        self,
+        type: str,
+        args: Any = None,
+        *,
+        priority: int = 0,
+        run_at: float | datetime | None = None,
+        unique_key: str | None = None,
+    ) -> str:
+        """Store a job; return its handle. A repeated ``unique_key`` returns the first job's handle."""
+        jobs = self._ops.new_jobs([JobSpec(type, args, priority, run_at, unique_key)])
+        with self._tx() as tx:
+            return self._ops.insert(tx, jobs)[0]
+
+    def insert_many(self, jobs: Iterable[JobSpec | tuple[str, Any]]) -> list[str]:
+        """Store many jobs in one transaction; handles in input order."""
+        new = self._ops.new_jobs(jobs)
+        with self._tx() as tx:
+            return self._ops.insert(tx, new)
+
+    def grab(
+        self,
+        types: str | Sequence[str],
+        *,
+        lock_for: float,
+        where: Mapping[str, Any] | None = None,
+        worker_id: str | None = None,
+    ) -> Job | None:
+        """Lease one available job of ``types`` for ``lock_for`` seconds, or None."""
+        jobs = self.grab_many(types, lock_for=lock_for, where=where, limit=1, worker_id=worker_id)
+        return jobs[0] if jobs else None
+
+    def grab_many(
+        self,
+        types: str | Sequence[str],
+        *,
+        lock_for: float,
+        limit: int,
+        where: Mapping[str, Any] | None = None,
+        worker_id: str | None = None,
+    ) -> list[Job]:
+        """Lease up to ``limit`` jobs in one transaction (one lease token for the batch)."""
+        with self._tx() as tx:
+            return self._ops.grab(
+                tx, types, lock_for=lock_for, where=where, limit=limit, worker_id=worker_id
+            )
+
+    def complete(self, job: Job | str, *, lease_token: str | None = None) -> None:
+        """Mark the job done. Raises ``StaleLease`` if another holder has it now."""
+        with self._tx() as tx:
+            self._ops.complete(tx, job, lease_token)
+
+    def complete_many(self, jobs: Iterable[Job]) -> None:
+        """Complete several jobs in one transaction: all or none."""
+        with self._tx() as tx:
+            for job in jobs:
+                self._ops.complete(tx, job, None)
+
+    def temp_fail(
+        self,
+        job: Job | str,
+        message: str,
+        *,
+        retry_in: float,
+        lease_token: str | None = None,
+    ) -> float:
+        """Record a failure and make the job ready again in ``retry_in`` seconds; returns when."""
+        with self._tx() as tx:
+            return self._ops.temp_fail(tx, job, message, retry_in, lease_token)
+
+    def perm_fail(self, job: Job | str, message: str, *, lease_token: str | None = None) -> None:
+        """Record a failure and end the job (state ``failed``); ``redrive`` can revive it."""
+        with self._tx() as tx:
+            self._ops.perm_fail(tx, job, message, lease_token)
+
+    def extend(self, job: Job | str, lock_for: float, *, lease_token: str | None = None) -> float:
+        """Extend the lease to ``lock_for`` seconds from now; returns the new expiry."""
+        with self._tx() as tx:
+            return self._ops.extend(tx, job, lock_for, lease_token)
+
+    def release(
+        self, job: Job | str, message: str = "released", *, lease_token: str | None = None
+    ) -> None:
+        """Hand a leased job back at once, recording the attempt (used on shutdown)."""
+        with self._tx() as tx:
+            self._ops.release(tx, job, message, lease_token)
+
+    def replace(
+        self,
+        job: Job | str,
+        jobs: Iterable[JobSpec | tuple[str, Any]],
+        *,
+        lease_token: str | None = None,
+    ) -> list[str]:
+        """Complete ``job`` and insert ``jobs`` in one transaction; returns the new handles."""
+        with self._tx() as tx:
+            return self._ops.replace(tx, job, jobs, lease_token)
+
+    def details(self, handle: str) -> JobDetails:
+        """Everything known about a job: args, state, attempts, holder, failure history."""
+        with self._tx() as tx:
+            return self._ops.details(tx, handle)
+
+    def redrive(self, handle: str) -> None:
+        """Run a perm-failed job again: ready now, attempts reset, history kept."""
+        with self._tx() as tx:
+            self._ops.redrive(tx, handle)
+
+
+class Transaction(_JobAPI):
+    """The job API inside the caller's transaction; ``connection`` is its DB-API connection."""
+
+    def __init__(self, tx: Tx, ops: JobOps) -> None:
+        self.tx = tx
+        self._ops = ops
+        self.connection = tx.connection
+        self.dialect = tx.dialect
+
+    def _tx(self) -> AbstractContextManager[Tx]:
+        return nullcontext(self.tx)
+
+
+class Database(_JobAPI):
+    """A homing store: the job API plus transactions, migrations, stats and garbage collection."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        shard: int | None = None,
+        max_args_bytes: int = DEFAULT_MAX_ARGS_BYTES,
+        retention: float = DEFAULT_RETENTION_S,
+    ) -> None:
+        self.store = store
+        self.shard = shard
+        self._ops = JobOps(store, shard=shard, max_args_bytes=max_args_bytes, retention=retention)
+
+    @property
+    def url(self) -> str:
+        return self.store.url
+
+    @property
+    def dialect(self) -> str:
+        return self.store.dialect
+
+    @property
+    def clock(self) -> Clock:
+        return self.store.clock
+
+    def _tx(self) -> AbstractContextManager[Tx]:
+        return self.store.transaction()
+
+    @contextmanager
+    def transaction(self) -> Iterator[Transaction]:
+        """Open a transaction; homing calls and your own writes (``tx.connection``) commit together."""
+        with self.store.transaction() as tx:
+            yield Transaction(tx, self._ops)
+
+    def migrate(self) -> list[str]:
+        return self.store.migrate()
+
+    def gc(self, *, older_than: float | None = None) -> int:
+        """Delete jobs finished more than ``older_than`` seconds ago (default: the retention)."""
+        keep = (
+            self._ops.retention
+            if older_than is None
+            else check_seconds("older_than", older_than, allow_zero=True)
+        )
+        with self.store.transaction() as tx:
+            return q.gc(tx, finished_before=self.store.clock.now() - keep)
+
+    def stats(self, *, window: float = 60.0) -> list[dict[str, Any]]:
+        """Per job type: counts by state, the oldest due job's age, completions per second."""
+        with self.store.transaction(write=False) as tx:
+            return q.stats(tx, now=self.store.clock.now(), window=window)
+
+    def wait_for_jobs(self, timeout: float) -> bool:
+        """Block until new jobs are announced (PostgreSQL NOTIFY) or ``timeout`` passes."""
+        return self.store.wait_for_notification("homing_jobs", timeout)
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> Database:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<homing.Database {self.store.dialect} {self.store.url}>"
+
+
+class ShardedDatabase:
+    """Several PostgreSQL databases as one job store (seed 002: "the database scales
+    horizontally"). Handles name their shard (``"2:<uuid>"``); the list order of the URLs is
+    the shard identity and must not change. Jobs with a ``unique_key`` go to the shard its
+    hash picks, so deduplication holds; others are spread round-robin. Grabs visit the
+    shards in rotation, starting one further each call, so no shard starves. A transaction
+    spans one shard; ``insert_many`` is atomic per shard, not across shards."""
+
+    def __init__(self, shards: list[Database]) -> None:
+        if not shards:
+            raise ConfigurationError("a sharded store needs at least one URL")
+        self.shards = shards
+        self._rr = itertools.count()
+        self._grab_rr = itertools.count()
+        self._lock = threading.Lock()
+
+    @property
+    def dialect(self) -> str:
+        return self.shards[0].dialect
+
+    def _next(self, counter: itertools.count[int]) -> int:
+        with self._lock:
+            return next(counter) % len(self.shards)
+
+    def shard_for_key(self, key: str) -> int:
+        return zlib.crc32(key.encode()) % len(self.shards)
+
+    def _shard_of_spec(self, spec: JobSpec | tuple[str, Any]) -> int:
+        if isinstance(spec, JobSpec) and spec.unique_key is not None:
+            return self.shard_for_key(spec.unique_key)
+        return self._next(self._rr)
+
+    def _by_handle(self, handle: Any) -> Database:
+        if isinstance(handle, Job):
+            handle = handle.handle
+        if not isinstance(handle, str) or ":" not in handle:
+            raise JobNotFound(f"{handle!r} is not a sharded job handle (they look like 0:<id>)")
+        prefix = handle.split(":", 1)[0]
+        if not prefix.isdigit() or int(prefix) >= len(self.shards):
+            raise JobNotFound(f"job handle {handle!r} names shard {prefix}, which this store lacks")
+        return self.shards[int(prefix)]
+
+    def insert(
+        self,
+        type: str,
+        args: Any = None,
+        *,
+        priority: int = 0,
+        run_at: float | datetime | None = None,
+        unique_key: str | None = None,
+    ) -> str:
+        spec = JobSpec(type, args, priority, run_at, unique_key)
+        return self.shards[self._shard_of_spec(spec)].insert(
+            type, args, priority=priority, run_at=run_at, unique_key=unique_key
+        )
+
+    def insert_many(self, jobs: Iterable[JobSpec | tuple[str, Any]]) -> list[str]:
+        groups: dict[int, list[tuple[int, JobSpec | tuple[str, Any]]]] = {}
+        for i, spec in enumerate(jobs):
+            groups.setdefault(self._shard_of_spec(spec), []).append((i, spec))
+        out: dict[int, str] = {}
+        for shard, items in groups.items():
+            handles = self.shards[shard].insert_many([s for _, s in items])
+            out.update({i: h for (i, _), h in zip(items, handles, strict=True)})
+        return [out[i] for i in range(len(out))]
+
+    def grab_many(
+        self,
+        types: str | Sequence[str],
+        *,
+        lock_for: float,
+        limit: int,
+        where: Mapping[str, Any] | None = None,
+        worker_id: str | None = None,
+    ) -> list[Job]:
+        start = self._next(self._grab_rr)
+        got: list[Job] = []
+        for k in range(len(self.shards)):
+            shard = self.shards[(start + k) % len(self.shards)]
+            got += shard.grab_many(
+                types, lock_for=lock_for, limit=limit - len(got), where=where, worker_id=worker_id
+            )
+            if len(got) >= limit:
+                break
+        return got
+
+    def grab(
+        self,
+        types: str | Sequence[str],
+        *,
+        lock_for: float,
+        where: Mapping[str, Any] | None = None,
+        worker_id: str | None = None,
+    ) -> Job | None:
+        jobs = self.grab_many(types, lock_for=lock_for, limit=1, where=where, worker_id=worker_id)
+        return jobs[0] if jobs else None
+
+    def complete(self, job: Job | str, *, lease_token: str | None = None) -> None:
+        self._by_handle(job).complete(job, lease_token=lease_token)
+
+    def complete_many(self, jobs: Iterable[Job]) -> None:
+        for job in jobs:
+            self.complete(job)
+
+    def temp_fail(
+        self, job: Job | str, message: str, *, retry_in: float, lease_token: str | None = None
+    ) -> float:
+        return self._by_handle(job).temp_fail(
+            job, message, retry_in=retry_in, lease_token=lease_token
+        )
+
+    def perm_fail(self, job: Job | str, message: str, *, lease_token: str | None = None) -> None:
+        self._by_handle(job).perm_fail(job, message, lease_token=lease_token)
+
+    def extend(self, job: Job | str, lock_for: float, *, lease_token: str | None = None) -> float:
+        return self._by_handle(job).extend(job, lock_for, lease_token=lease_token)
+
+    def release(
+        self, job: Job | str, message: str = "released", *, lease_token: str | None = None
+    ) -> None:
+        self._by_handle(job).release(job, message, lease_token=lease_token)
+
+    def replace(
+        self,
+        job: Job | str,
+        jobs: Iterable[JobSpec | tuple[str, Any]],
+        *,
+        lease_token: str | None = None,
+    ) -> list[str]:
+        """Children go to the parent's shard, so the replace is one transaction."""
+        return self._by_handle(job).replace(job, jobs, lease_token=lease_token)
+
+    def details(self, handle: str) -> JobDetails:
+        return self._by_handle(handle).details(handle)
+
+    def redrive(self, handle: str) -> None:
+        self._by_handle(handle).redrive(handle)
+
+    def transaction(self, shard: int = 0) -> AbstractContextManager[Transaction]:
+        if (
+            isinstance(shard, bool)
+            or not isinstance(shard, int)
+            or not 0 <= shard < len(self.shards)
+        ):
+            raise InvalidArgument(f"shard must be 0..{len(self.shards) - 1}, got {shard!r}")
+        return self.shards[shard].transaction()
+
+    def migrate(self) -> list[str]:
+        return [f"shard {i}: {m}" for i, s in enumerate(self.shards) for m in s.migrate()]
+
+    def gc(self, *, older_than: float | None = None) -> int:
+        return sum(s.gc(older_than=older_than) for s in self.shards)
+
+    def stats(self, *, window: float = 60.0) -> list[dict[str, Any]]:
+        merged: dict[str, dict[str, Any]] = {}
+        for s in self.shards:
+            for row in s.stats(window=window):
+                m = merged.setdefault(
+                    row["type"],
+                    {
+                        **row,
+                        "ready": 0,
+                        "scheduled": 0,
+                        "running": 0,
+                        "done": 0,
+                        "failed": 0,
+                        "done_per_s": 0.0,
+                        "oldest_ready_age_s": None,
+                    },
+                )
+                for k in ("ready", "scheduled", "running", "done", "failed", "done_per_s"):
+                    m[k] += row[k]
+                ages = [
+                    a for a in (m["oldest_ready_age_s"], row["oldest_ready_age_s"]) if a is not None
+                ]
+                m["oldest_ready_age_s"] = max(ages) if ages else None
+        return [merged[k] for k in sorted(merged)]
+
+    def wait_for_jobs(self, timeout: float) -> bool:
+        return self.shards[0].wait_for_jobs(timeout)
+
+    def close(self) -> None:
+        for s in self.shards:
+            s.close()
+
+    def __enter__(self) -> ShardedDatabase:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def connect(
+    url: str | Sequence[str],
+    *,
+    clock: Clock | None = None,
+    durable: bool | None = None,
+    max_args_bytes: int = DEFAULT_MAX_ARGS_BYTES,
+    retention: float = DEFAULT_RETENTION_S,
+    migrate: bool = True,
+    pool_size: int | None = None,
+) -> Database | ShardedDatabase:
+    """Open a homing store.
+
+    ``url``: ``sqlite:///path.db`` (relative) or ``sqlite:////abs/path.db``;
+    ``postgresql://user@host:5432/db`` (``?schema=NAME`` to keep homing in one schema);
+    or a list of PostgreSQL URLs for a sharded store. ``durable=False`` trades the last
+    commits on power loss for speed (SQLite ``synchronous=OFF``, PostgreSQL
+    ``synchronous_commit=off``). Pending migrations are applied unless ``migrate=False``.
+    """
+    if (
+        isinstance(max_args_bytes, bool)
+        or not isinstance(max_args_bytes, int)
+        or max_args_bytes < 2
+    ):
+        raise InvalidArgument(f"max_args_bytes must be a positive integer, got {max_args_bytes!r}")
+    retention = check_seconds("retention", retention, allow_zero=True)
+    if isinstance(url, list | tuple):
+        urls = list(url)
+        if not urls:
+            raise ConfigurationError("connect() got an empty list of URLs")
+        if len(urls) == 1:
+            url = urls[0]
+        else:
+            dbs = []
+            try:
+                for i, u in enumerate(urls):
+                    store = open_store(u, clock=clock, durable=durable, pool_size=pool_size)
+                    if store.dialect != "postgres":
+                        store.close()
+                        raise ConfigurationError(
+                            f"shards must be PostgreSQL databases; {u!r} is not"
+                        )
+                    db = Database(
+                        store, shard=i, max_args_bytes=max_args_bytes, retention=retention
+                    )
+                    dbs.append(db)
+                    if migrate:
+                        db.migrate()
+            except BaseException:
+                for db in dbs:
+                    db.close()
+                raise
+            return ShardedDatabase(dbs)
+    if not isinstance(url, str):
+        raise ConfigurationError(f"connect() takes a URL string or a list of them, got {url!r}")
+    store = open_store(url, clock=clock, durable=durable, pool_size=pool_size)
+    db = Database(store, max_args_bytes=max_args_bytes, retention=retention)
+    if migrate:
+        try:
+            db.migrate()
+        except BaseException:
+            db.close()
+            raise
+    return db

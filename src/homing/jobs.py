@@ -1,0 +1,442 @@
+"""The job API of seed 002: insert, grab with a lease, complete, temp/perm fail, details, replace.
+
+The operations are written once, over an open transaction (``JobOps``); ``Database`` runs
+each in a transaction of its own and ``Transaction`` inside the caller's.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from homing import ids
+from homing.errors import InvalidArgument, InvalidState, JobNotFound, PayloadTooLarge, StaleLease
+from homing.store import jobs_queries as q
+from homing.store.protocol import Store, Tx
+
+DEFAULT_MAX_ARGS_BYTES = 1024 * 1024
+DEFAULT_RETENTION_S = 7 * 24 * 3600.0
+MAX_LOCK_FOR_S = 30 * 24 * 3600.0
+_MAX_TYPE_LEN = 200
+_MAX_MESSAGE_LEN = 10_000
+
+
+@dataclass
+class Job:
+    """A job leased to the caller by ``grab``. Hand it back to complete / fail / extend."""
+
+    handle: str
+    id: str
+    type: str
+    args: Any
+    priority: int
+    attempts: int
+    lease_token: str
+    lease_expires_at: float
+    run_at: float
+    created_at: float
+    unique_key: str | None = None
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A job to insert: used by ``insert_many`` and ``replace`` (a ``(type, args)`` tuple works too)."""
+
+    type: str
+    args: Any = None
+    priority: int = 0
+    run_at: float | datetime | None = None
+    unique_key: str | None = None
+
+
+@dataclass(frozen=True)
+class Holder:
+    host: str | None
+    pid: int | None
+    worker: str | None
+
+
+@dataclass(frozen=True)
+class Failure:
+    at: float
+    attempt: int
+    kind: str  # temp_fail | perm_fail | lease_expired | released
+    host: str | None
+    pid: int | None
+    worker: str | None
+    message: str
+
+
+@dataclass(frozen=True)
+class JobDetails:
+    handle: str
+    type: str
+    args: Any
+    state: str  # ready | running | done | failed
+    priority: int
+    attempts: int
+    run_at: float
+    created_at: float
+    finished_at: float | None
+    unique_key: str | None
+    holder: Holder | None
+    lease_expires_at: float | None
+    last_error: str | None
+    parent: str | None
+    failures: list[Failure] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+# -- validation: every public entry point checks its input before touching the store ----
+def check_type(name: Any) -> str:
+    if not isinstance(name, str) or not name.strip():
+        raise InvalidArgument(f"job type must be a non-empty string, got {name!r}")
+    if len(name) > _MAX_TYPE_LEN or any(ord(c) < 32 for c in name):
+        raise InvalidArgument(
+            f"job type {name[:50]!r} must be at most {_MAX_TYPE_LEN} printable characters"
+        )
+    return name
+
+
+def check_types(types: Any) -> list[str]:
+    if isinstance(types, str):
+        return [check_type(types)]
+    if not isinstance(types, list | tuple | set | frozenset) or not types:
+        raise InvalidArgument(
+            f"types must be a job type or a non-empty list of them, got {types!r}"
+        )
+    return sorted({check_type(t) for t in types})
+
+
+def check_seconds(
+    name: str, value: Any, *, allow_zero: bool, maximum: float | None = None
+) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidArgument(f"{name} must be a number of seconds, got {value!r}")
+    seconds = float(value)
+    if math.isnan(seconds) or math.isinf(seconds):
+        raise InvalidArgument(f"{name} must be a finite number of seconds, got {value!r}")
+    if seconds < 0 or (seconds == 0 and not allow_zero):
+        raise InvalidArgument(
+            f"{name} must be {'>= 0' if allow_zero else '> 0'} seconds, got {value!r}"
+        )
+    if maximum is not None and seconds > maximum:
+        raise InvalidArgument(f"{name}={value!r} is over the maximum of {maximum:g} seconds")
+    return seconds
+
+
+def check_priority(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not -(2**31) <= value < 2**31:
+        raise InvalidArgument(f"priority must be a 32-bit integer, got {value!r}")
+    return value
+
+
+def to_timestamp(name: str, value: Any, default: float) -> float:
+    if value is None:
+        return default
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise InvalidArgument(f"{name} must be a timezone-aware datetime (naive: {value})")
+        return value.timestamp()
+    return check_seconds(name, value, allow_zero=True)
+
+
+def encode_args(args: Any, limit: int) -> str:
+    try:
+        text = json.dumps(args, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(
+            f"job args must be JSON (dict, list, str, number, bool, None; no NaN): {exc}"
+        ) from exc
+    size = len(text.encode())
+    if size > limit:
+        raise PayloadTooLarge(
+            f"job args are {size} bytes, over the limit of {limit}; store large data elsewhere "
+            "and pass a reference, or raise max_args_bytes in homing.connect()"
+        )
+    return text
+
+
+def check_message(message: Any) -> str:
+    if not isinstance(message, str):
+        raise InvalidArgument(f"failure message must be a string, got {type(message).__name__}")
+    return message[:_MAX_MESSAGE_LEN]
+
+
+def check_unique_key(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > 500:
+        raise InvalidArgument(
+            f"unique_key must be a non-empty string of at most 500 characters, got {value!r}"
+        )
+    return value
+
+
+def _spec(item: Any) -> JobSpec:
+    if isinstance(item, JobSpec):
+        return item
+    if isinstance(item, tuple) and len(item) == 2:
+        return JobSpec(item[0], item[1])
+    if isinstance(item, Mapping) and "type" in item:
+        return JobSpec(**item)
+    raise InvalidArgument(f"expected a JobSpec or a (type, args) tuple, got {item!r}")
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{threading.current_thread().name}"
+
+
+class JobOps:
+    """The job operations over an open transaction; handles carry ``shard`` when sharded."""
+
+    def __init__(
+        self, store: Store, *, shard: int | None, max_args_bytes: int, retention: float
+    ) -> None:
+        self.store = store
+        self.shard = shard
+        self.max_args_bytes = max_args_bytes
+        self.retention = retention
+        self._host = socket.gethostname()
+
+    # handles -------------------------------------------------------------------------
+    def handle_of(self, job_id: str) -> str:
+        return job_id if self.shard is None else f"{self.shard}:{job_id}"
+
+    def id_of(self, handle: Any) -> str:
+        if isinstance(handle, Job):
+            handle = handle.handle
+        if not isinstance(handle, str) or not handle:
+            raise InvalidArgument(f"a job handle is a non-empty string, got {handle!r}")
+        job_id = handle
+        if ":" in handle:
+            shard, _, job_id = handle.partition(":")
+            if self.shard is None or shard != str(self.shard):
+                raise JobNotFound(f"job handle {handle!r} names shard {shard}, not this store")
+        elif self.shard is not None:
+            raise JobNotFound(
+                f"job handle {handle!r} names no shard; sharded handles look like 0:<id>"
+            )
+        if not ids.is_uuid(job_id):
+            raise JobNotFound(f"{handle!r} is not a job handle (expected a UUID)")
+        return job_id
+
+    def _lease_of(self, job: Any, lease_token: str | None) -> tuple[str, str]:
+        if isinstance(job, Job):
+            return self.id_of(job.handle), job.lease_token
+        if lease_token is None:
+            raise InvalidArgument("pass the Job returned by grab(), or a handle with lease_token=")
+        if not isinstance(lease_token, str):
+            raise InvalidArgument(f"lease_token must be a string, got {lease_token!r}")
+        return self.id_of(job), lease_token
+
+    # insert --------------------------------------------------------------------------
+    def new_jobs(self, items: Iterable[Any], parent_id: str | None = None) -> list[q.NewJob]:
+        now = self.store.clock.now()
+        out = []
+        for item in items:
+            spec = _spec(item)
+            out.append(
+                q.NewJob(
+                    id=ids.uuid7(),
+                    type=check_type(spec.type),
+                    args_json=encode_args(spec.args, self.max_args_bytes),
+                    priority=check_priority(spec.priority),
+                    run_at=to_timestamp("run_at", spec.run_at, now),
+                    unique_key=check_unique_key(spec.unique_key),
+                    parent_id=parent_id,
+                    created_at=now,
+                )
+            )
+        return out
+
+    def insert(self, tx: Tx, jobs: Sequence[q.NewJob]) -> list[str]:
+        return [self.handle_of(i) for i in q.insert_jobs(tx, jobs)]
+
+    # grab ----------------------------------------------------------------------------
+    def grab(
+        self,
+        tx: Tx,
+        types: Any,
+        *,
+        lock_for: Any,
+        where: Mapping[str, Any] | None,
+        limit: int,
+        worker_id: str | None,
+    ) -> list[Job]:
+        names = check_types(types)
+        seconds = check_seconds("lock_for", lock_for, allow_zero=False, maximum=MAX_LOCK_FOR_S)
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidArgument(f"limit must be a positive integer, got {limit!r}")
+        if worker_id is not None and not isinstance(worker_id, str):
+            raise InvalidArgument(f"worker_id must be a string, got {worker_id!r}")
+        now = self.store.clock.now()
+        lease = q.Lease(
+            token=ids.uuid7(),
+            until=now + seconds,
+            host=self._host,
+            pid=os.getpid(),
+            worker=worker_id or default_worker_id(),
+        )
+        rows = q.grab_jobs(tx, names, now=now, lease=lease, limit=limit, where=where)
+        return [
+            Job(
+                handle=self.handle_of(r["id"]),
+                id=r["id"],
+                type=r["type"],
+                args=r["args"],
+                priority=r["priority"],
+                attempts=r["attempts"],
+                lease_token=lease.token,
+                lease_expires_at=lease.until,
+                run_at=r["run_at"],
+                created_at=r["created_at"],
+                unique_key=r["unique_key"],
+            )
+            for r in rows
+        ]
+
+    # finishing -----------------------------------------------------------------------
+    def _refuse(self, tx: Tx, job_id: str, token: str, action: str) -> None:
+        """Explain why a leased operation did not apply, as an exception."""
+        row = q.job_row(tx, job_id)
+        handle = self.handle_of(job_id)
+        if row is None:
+            raise JobNotFound(
+                f"no job {handle}: it never existed, or it finished and was garbage-collected"
+            )
+        if row["lease_token"] == token:
+            raise InvalidState(f"cannot {action} job {handle}: it is already {row['state']}")
+        if row["state"] == "running":
+            raise StaleLease(
+                f"cannot {action} job {handle}: your lease is stale; the job is now held by "
+                f"{row['holder_host']} pid {row['holder_pid']} ({row['holder_worker']}) until "
+                f"{row['lease_expires_at']:.3f}. Drop your work on it: the new holder owns it"
+            )
+        if row["lease_token"] is None:
+            raise InvalidState(
+                f"cannot {action} job {handle}: it is {row['state']} and was never grabbed"
+            )
+        raise StaleLease(
+            f"cannot {action} job {handle}: your lease is stale; the job was since taken by "
+            f"another holder and is now {row['state']}"
+        )
+
+    def complete(self, tx: Tx, job: Any, lease_token: str | None) -> None:
+        job_id, token = self._lease_of(job, lease_token)
+        if q.finish(tx, job_id, token, state="done", now=self.store.clock.now(), error=None):
+            return
+        row = q.job_row(tx, job_id)
+        if row is not None and row["lease_token"] == token and row["state"] == "done":
+            return  # a retried complete by the same holder: already done, nothing to do
+        self._refuse(tx, job_id, token, "complete")
+
+    def temp_fail(
+        self, tx: Tx, job: Any, message: Any, retry_in: Any, lease_token: str | None
+    ) -> float:
+        job_id, token = self._lease_of(job, lease_token)
+        text = check_message(message)
+        delay = check_seconds("retry_in", retry_in, allow_zero=True)
+        now = self.store.clock.now()
+        if not q.reschedule(tx, job_id, token, run_at=now + delay, error=text):
+            self._refuse(tx, job_id, token, "temp_fail")
+        self._record(tx, job_id, "temp_fail", now, text)
+        return now + delay
+
+    def perm_fail(self, tx: Tx, job: Any, message: Any, lease_token: str | None) -> None:
+        job_id, token = self._lease_of(job, lease_token)
+        text = check_message(message)
+        now = self.store.clock.now()
+        if not q.finish(tx, job_id, token, state="failed", now=now, error=text):
+            self._refuse(tx, job_id, token, "perm_fail")
+        self._record(tx, job_id, "perm_fail", now, text)
+
+    def release(self, tx: Tx, job: Any, message: str, lease_token: str | None = None) -> None:
+        """Give a job back at once (a worker shutting down); the attempt is recorded."""
+        job_id, token = self._lease_of(job, lease_token)
+        now = self.store.clock.now()
+        if not q.reschedule(tx, job_id, token, run_at=now, error=None):
+            self._refuse(tx, job_id, token, "release")
+        self._record(tx, job_id, "released", now, check_message(message))
+
+    def _record(self, tx: Tx, job_id: str, kind: str, now: float, message: str) -> None:
+        row = q.job_row(tx, job_id)
+        assert row is not None
+        q.add_failure(
+            tx,
+            job_id,
+            attempt=row["attempts"],
+            at=now,
+            kind=kind,
+            host=row["holder_host"],
+            pid=row["holder_pid"],
+            worker=row["holder_worker"],
+            message=message,
+        )
+
+    def extend(self, tx: Tx, job: Any, lock_for: Any, lease_token: str | None) -> float:
+        job_id, token = self._lease_of(job, lease_token)
+        seconds = check_seconds("lock_for", lock_for, allow_zero=False, maximum=MAX_LOCK_FOR_S)
+        until = self.store.clock.now() + seconds
+        if not q.extend_lease(tx, job_id, token, until=until):
+            self._refuse(tx, job_id, token, "extend")
+        if isinstance(job, Job):
+            job.lease_expires_at = until
+        return until
+
+    def replace(self, tx: Tx, job: Any, items: Iterable[Any], lease_token: str | None) -> list[str]:
+        job_id, token = self._lease_of(job, lease_token)
+        children = self.new_jobs(items, parent_id=job_id)
+        if not q.finish(tx, job_id, token, state="done", now=self.store.clock.now(), error=None):
+            self._refuse(tx, job_id, token, "replace")
+        return self.insert(tx, children)
+
+    def redrive(self, tx: Tx, handle: Any) -> None:
+        job_id = self.id_of(handle)
+        if not q.redrive(tx, job_id, now=self.store.clock.now()):
+            row = q.job_row(tx, job_id)
+            if row is None:
+                raise JobNotFound(f"no job {handle}")
+            raise InvalidState(
+                f"only perm-failed jobs can be redriven; job {handle} is {row['state']}"
+            )
+
+    # reading -------------------------------------------------------------------------
+    def details(self, tx: Tx, handle: Any) -> JobDetails:
+        job_id = self.id_of(handle)
+        row = q.job_row(tx, job_id)
+        if row is None:
+            raise JobNotFound(
+                f"no job {handle}: it never existed, or it finished and was garbage-collected"
+            )
+        holder = None
+        if row["state"] == "running":
+            holder = Holder(row["holder_host"], row["holder_pid"], row["holder_worker"])
+        return JobDetails(
+            handle=self.handle_of(job_id),
+            type=row["type"],
+            args=row["args"],
+            state=row["state"],
+            priority=row["priority"],
+            attempts=row["attempts"],
+            run_at=row["run_at"],
+            created_at=row["created_at"],
+            finished_at=row["finished_at"],
+            unique_key=row["unique_key"],
+            holder=holder,
+            lease_expires_at=row["lease_expires_at"] if row["state"] == "running" else None,
+            last_error=row["last_error"],
+            parent=self.handle_of(row["parent_id"]) if row["parent_id"] else None,
+            failures=[Failure(**f) for f in q.failures(tx, job_id)],
+        )

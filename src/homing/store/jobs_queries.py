@@ -1,0 +1,443 @@
+"""Every SQL statement of the job queue. Domain-level functions over an open ``Tx``."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from homing.errors import InvalidFilter
+from homing.store.protocol import Tx
+
+JOB_COLUMNS = (
+    "id",
+    "type",
+    "args",
+    "priority",
+    "state",
+    "run_at",
+    "attempts",
+    "unique_key",
+    "lease_token",
+    "lease_expires_at",
+    "holder_host",
+    "holder_pid",
+    "holder_worker",
+    "created_at",
+    "finished_at",
+    "last_error",
+    "parent_id",
+    "seq",
+)
+_COLS = ", ".join(JOB_COLUMNS)
+_J_COLS = ", ".join(f"j.{c}" for c in JOB_COLUMNS)
+
+
+@dataclass(frozen=True)
+class NewJob:
+    id: str
+    type: str
+    args_json: str
+    priority: int
+    run_at: float
+    unique_key: str | None
+    parent_id: str | None
+    created_at: float
+
+
+def _row(tx: Tx, values: Sequence[Any]) -> dict[str, Any]:
+    row = dict(zip(JOB_COLUMNS, values, strict=False))
+    if isinstance(row["args"], str) and tx.dialect == "sqlite":
+        row["args"] = json.loads(row["args"])
+    return row
+
+
+# -- insert ------------------------------------------------------------------------------
+def insert_jobs(tx: Tx, jobs: Sequence[NewJob]) -> list[str]:
+    """Insert jobs; a job whose unique_key exists already is not inserted and the existing
+    job's id is returned in its place. Returns ids in input order."""
+    if not jobs:
+        return []
+    args_param = "?::jsonb" if tx.dialect == "postgres" else "?"
+    tx.executemany(
+        "INSERT INTO homing_jobs (id, type, args, priority, state, run_at, available_at, "
+        f"unique_key, parent_id, created_at) VALUES (?, ?, {args_param}, ?, 'ready', ?, ?, ?, ?, ?) "
+        "ON CONFLICT (unique_key) DO NOTHING",
+        [
+            (
+                j.id,
+                j.type,
+                j.args_json,
+                j.priority,
+                j.run_at,
+                j.run_at,
+                j.unique_key,
+                j.parent_id,
+                j.created_at,
+            )
+            for j in jobs
+        ],
+    )
+    ids = [j.id for j in jobs]
+    keyed = [(i, j.unique_key) for i, j in enumerate(jobs) if j.unique_key is not None]
+    for i, key in keyed:
+        found = tx.query_one("SELECT id FROM homing_jobs WHERE unique_key = ?", (key,))
+        if found is not None:
+            ids[i] = str(found[0])
+    if tx.dialect == "postgres":
+        tx.execute("SELECT pg_notify(?, '')", (notify_channel(tx),))
+    return ids
+
+
+def notify_channel(tx: Tx) -> str:
+    schema = getattr(tx.store, "schema", None)
+    return f"{schema}_homing_jobs" if schema else "homing_jobs"
+
+
+# -- grab --------------------------------------------------------------------------------
+_SEGMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]{0,127}$")
+_COMPARISONS = {"$lt": "<", "$lte": "<=", "$gt": ">", "$gte": ">="}
+_OPERATORS = ("$eq", "$in", *_COMPARISONS)
+_MAX_IN = 1000
+_INT_RANGE = 2**63
+
+
+def _check_scalar(key: str, value: Any) -> None:
+    if value is None or isinstance(value, bool | str):
+        return
+    if isinstance(value, int):
+        if not -_INT_RANGE <= value < _INT_RANGE:
+            raise InvalidFilter(f"where[{key!r}]: integer {value} is out of the 64-bit range")
+        return
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise InvalidFilter(f"where[{key!r}]: {value} is not a finite number")
+        return
+    raise InvalidFilter(
+        f"where[{key!r}]: {type(value).__name__} values cannot be searched; "
+        "use a string, number, boolean or None"
+    )
+
+
+def _path(key: Any) -> list[str]:
+    if not isinstance(key, str):
+        raise InvalidFilter(f"where keys must be strings naming an args field, not {key!r}")
+    segments = key.split(".")
+    for seg in segments:
+        if not _SEGMENT.match(seg):
+            raise InvalidFilter(
+                f"where key {key!r}: each dot-separated part must be a name of letters, "
+                "digits, '_' or '-' starting with a letter or '_'"
+            )
+    return segments
+
+
+def _eq_clause(dialect: str, path: list[str], value: Any) -> tuple[str, list[Any]]:
+    if dialect == "postgres":
+        return "args #> ? = ?::jsonb", [path, json.dumps(value)]
+    jpath = "$" + "".join(f'."{s}"' for s in path)
+    if value is None:
+        return "json_type(args, ?) = 'null'", [jpath]
+    if isinstance(value, bool):
+        return "json_type(args, ?) = ?", [jpath, "true" if value else "false"]
+    if isinstance(value, str):
+        return "(json_type(args, ?) = 'text' AND json_extract(args, ?) = ?)", [jpath, jpath, value]
+    return (
+        "(json_type(args, ?) IN ('integer', 'real') AND json_extract(args, ?) = ?)",
+        [jpath, jpath, value],
+    )
+
+
+def _cmp_clause(
+    dialect: str, key: str, path: list[str], op: str, value: Any
+) -> tuple[str, list[Any]]:
+    sql_op = _COMPARISONS[op]
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise InvalidFilter(f"where[{key!r}]: {op} compares numbers or strings, not {value!r}")
+    is_text = isinstance(value, str)
+    if dialect == "postgres":
+        if is_text:
+            return (
+                f"(CASE WHEN jsonb_typeof(args #> ?) = 'string' "
+                f'THEN (args #>> ?) COLLATE "C" {sql_op} ? ELSE false END)',
+                [path, path, value],
+            )
+        return (
+            f"(CASE WHEN jsonb_typeof(args #> ?) = 'number' "
+            f"THEN (args #>> ?)::numeric {sql_op} ?::numeric ELSE false END)",
+            [path, path, value],
+        )
+    jpath = "$" + "".join(f'."{s}"' for s in path)
+    types = "('text')" if is_text else "('integer', 'real')"
+    return (
+        f"(json_type(args, ?) IN {types} AND json_extract(args, ?) {sql_op} ?)",
+        [jpath, jpath, value],
+    )
+
+
+def compile_where(dialect: str, where: Mapping[str, Any]) -> tuple[str, list[Any]]:
+    """Translate a search filter over the JSON args into SQL with bound parameters.
+
+    ``{"user": 5}`` is equality; ``{"n": {"$gte": 3, "$lt": 9}}``, ``{"c": {"$in": [..]}}``
+    use operators. Keys are field names, dot-separated for nested objects. Keys and values
+    always travel as parameters; only the structure shapes the SQL.
+    """
+    if not isinstance(where, Mapping):
+        raise InvalidFilter(
+            f"where must be a dict of field -> value or {{operator: value}}, not {type(where).__name__}"
+        )
+    if not where:
+        raise InvalidFilter("where is empty; pass None to grab without a search")
+    clauses: list[str] = []
+    params: list[Any] = []
+    for key, cond in where.items():
+        path = _path(key)
+        if isinstance(cond, Mapping):
+            if not cond:
+                raise InvalidFilter(f"where[{key!r}] is an empty operator dict")
+            ops = list(cond.items())
+        else:
+            ops = [("$eq", cond)]
+        for op, value in ops:
+            if op not in _OPERATORS:
+                raise InvalidFilter(
+                    f"where[{key!r}]: unknown operator {op!r}; use one of {', '.join(_OPERATORS)}"
+                )
+            if op == "$in":
+                if not isinstance(value, list | tuple) or not value or len(value) > _MAX_IN:
+                    raise InvalidFilter(
+                        f"where[{key!r}]: $in takes a non-empty list of at most {_MAX_IN} values"
+                    )
+                for v in value:
+                    _check_scalar(key, v)
+                if dialect == "postgres":
+                    clauses.append("args #> ? = ANY(?::jsonb[])")
+                    params += [path, [json.dumps(v) for v in value]]
+                else:
+                    parts = [_eq_clause(dialect, path, v) for v in value]
+                    clauses.append("(" + " OR ".join(p[0] for p in parts) + ")")
+                    for p in parts:
+                        params += p[1]
+                continue
+            _check_scalar(key, value)
+            if op == "$eq":
+                clause, more = _eq_clause(dialect, path, value)
+            else:
+                clause, more = _cmp_clause(dialect, key, path, op, value)
+            clauses.append(clause)
+            params += more
+    return " AND ".join(clauses), params
+
+
+@dataclass(frozen=True)
+class Lease:
+    token: str
+    until: float
+    host: str
+    pid: int
+    worker: str
+
+
+def grab_jobs(
+    tx: Tx,
+    types: Sequence[str],
+    *,
+    now: float,
+    lease: Lease,
+    limit: int,
+    where: Mapping[str, Any] | None,
+) -> list[dict[str, Any]]:
+    """Lease up to ``limit`` available jobs of ``types`` to one holder, atomically.
+
+    A job is available when ready and due, or running with an expired lease; a job taken
+    over from an expired lease gets a ``lease_expired`` entry in its history.
+    """
+    where_sql = ""
+    where_params: list[Any] = []
+    if where is not None:
+        clause, where_params = compile_where(tx.dialect, where)
+        where_sql = " AND " + clause
+    set_lease = (
+        "state = 'running', attempts = attempts + 1, lease_token = ?, lease_expires_at = ?, "
+        "available_at = ?, holder_host = ?, holder_pid = ?, holder_worker = ?"
+    )
+    lease_params = [lease.token, lease.until, lease.until, lease.host, lease.pid, lease.worker]
+    if tx.dialect == "postgres":
+        sql = (
+            "WITH cand AS (SELECT seq, state AS old_state, holder_host AS old_host, "
+            "holder_pid AS old_pid, holder_worker AS old_worker, lease_expires_at AS old_exp "
+            "FROM homing_jobs WHERE type = ANY(?) AND state IN ('ready', 'running') "
+            f"AND available_at <= ?{where_sql} "
+            "ORDER BY priority DESC, available_at, seq LIMIT ? FOR UPDATE SKIP LOCKED) "
+            f"UPDATE homing_jobs j SET {set_lease.replace('attempts + 1', 'j.attempts + 1')} "
+            f"FROM cand WHERE j.seq = cand.seq RETURNING {_J_COLS}, "
+            "cand.old_state, cand.old_host, cand.old_pid, cand.old_worker, cand.old_exp"
+        )
+        rows = tx.query(sql, [list(types), now, *where_params, limit, *lease_params])
+    else:
+        marks = ", ".join("?" for _ in types)
+        found = tx.query(
+            "SELECT seq, state, holder_host, holder_pid, holder_worker, lease_expires_at "
+            f"FROM homing_jobs WHERE type IN ({marks}) AND state IN ('ready', 'running') "
+            f"AND available_at <= ?{where_sql} ORDER BY priority DESC, available_at, seq LIMIT ?",
+            [*types, now, *where_params, limit],
+        )
+        if not found:
+            return []
+        old = {r[0]: r[1:] for r in found}
+        seq_marks = ", ".join("?" for _ in found)
+        updated = tx.query(
+            f"UPDATE homing_jobs SET {set_lease} WHERE seq IN ({seq_marks}) RETURNING {_COLS}",
+            [*lease_params, *old],
+        )
+        rows = [(*u, *old[u[-1]]) for u in updated]
+    result = []
+    n = len(JOB_COLUMNS)
+    for values in rows:
+        job = _row(tx, values[:n])
+        old_state, old_host, old_pid, old_worker, old_exp = values[n:]
+        if old_state == "running":
+            add_failure(
+                tx,
+                job["id"],
+                attempt=job["attempts"] - 1,
+                at=now,
+                kind="lease_expired",
+                host=old_host,
+                pid=old_pid,
+                worker=old_worker,
+                message=f"lease expired at {old_exp:.3f} without completion; handed out again",
+            )
+        result.append(job)
+    result.sort(key=lambda r: (-r["priority"], r["seq"]))
+    return result
+
+
+# -- finishing ---------------------------------------------------------------------------
+def finish(tx: Tx, job_id: str, token: str, *, state: str, now: float, error: str | None) -> bool:
+    """Mark a running job done or failed if ``token`` still holds its lease."""
+    return (
+        tx.rowcount(
+            "UPDATE homing_jobs SET state = ?, finished_at = ?, last_error = COALESCE(?, last_error), "
+            "lease_expires_at = NULL WHERE id = ? AND lease_token = ? AND state = 'running'",
+            (state, now, error, job_id, token),
+        )
+        == 1
+    )
+
+
+def reschedule(tx: Tx, job_id: str, token: str, *, run_at: float, error: str | None) -> bool:
+    """Put a running job back to ready at ``run_at`` if ``token`` still holds its lease."""
+    return (
+        tx.rowcount(
+            "UPDATE homing_jobs SET state = 'ready', run_at = ?, available_at = ?, "
+            "last_error = COALESCE(?, last_error), lease_expires_at = NULL "
+            "WHERE id = ? AND lease_token = ? AND state = 'running'",
+            (run_at, run_at, error, job_id, token),
+        )
+        == 1
+    )
+
+
+def extend_lease(tx: Tx, job_id: str, token: str, *, until: float) -> bool:
+    return (
+        tx.rowcount(
+            "UPDATE homing_jobs SET lease_expires_at = ?, available_at = ? "
+            "WHERE id = ? AND lease_token = ? AND state = 'running'",
+            (until, until, job_id, token),
+        )
+        == 1
+    )
+
+
+def add_failure(
+    tx: Tx,
+    job_id: str,
+    *,
+    attempt: int,
+    at: float,
+    kind: str,
+    host: str | None,
+    pid: int | None,
+    worker: str | None,
+    message: str,
+) -> None:
+    tx.execute(
+        "INSERT INTO homing_job_failures (job_id, attempt, at, kind, host, pid, worker, message) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (job_id, attempt, at, kind, host, pid, worker, message),
+    )
+
+
+def redrive(tx: Tx, job_id: str, *, now: float) -> bool:
+    """Make a perm-failed job ready again with its attempts reset (history kept)."""
+    return (
+        tx.rowcount(
+            "UPDATE homing_jobs SET state = 'ready', attempts = 0, run_at = ?, available_at = ?, "
+            "finished_at = NULL, lease_token = NULL, lease_expires_at = NULL "
+            "WHERE id = ? AND state = 'failed'",
+            (now, now, job_id),
+        )
+        == 1
+    )
+
+
+# -- reading -----------------------------------------------------------------------------
+def job_row(tx: Tx, job_id: str) -> dict[str, Any] | None:
+    values = tx.query_one(f"SELECT {_COLS} FROM homing_jobs WHERE id = ?", (job_id,))
+    return _row(tx, values) if values is not None else None
+
+
+def failures(tx: Tx, job_id: str) -> list[dict[str, Any]]:
+    names = ("attempt", "at", "kind", "host", "pid", "worker", "message")
+    rows = tx.query(
+        "SELECT attempt, at, kind, host, pid, worker, message FROM homing_job_failures "
+        "WHERE job_id = ? ORDER BY at, attempt",
+        (job_id,),
+    )
+    return [dict(zip(names, r, strict=True)) for r in rows]
+
+
+def gc(tx: Tx, *, finished_before: float) -> int:
+    tx.execute(
+        "DELETE FROM homing_job_failures WHERE job_id IN "
+        "(SELECT id FROM homing_jobs WHERE finished_at IS NOT NULL AND finished_at < ?)",
+        (finished_before,),
+    )
+    return tx.rowcount(
+        "DELETE FROM homing_jobs WHERE finished_at IS NOT NULL AND finished_at < ?",
+        (finished_before,),
+    )
+
+
+def stats(tx: Tx, *, now: float, window: float) -> list[dict[str, Any]]:
+    """Per type: counts by state, oldest due ready job's age, completions in the window."""
+    rows = tx.query(
+        "SELECT type, "
+        "SUM(CASE WHEN state = 'ready' AND run_at <= ? THEN 1 ELSE 0 END), "
+        "SUM(CASE WHEN state = 'ready' AND run_at > ? THEN 1 ELSE 0 END), "
+        "SUM(CASE WHEN state = 'running' THEN 1 ELSE 0 END), "
+        "SUM(CASE WHEN state = 'done' THEN 1 ELSE 0 END), "
+        "SUM(CASE WHEN state = 'failed' THEN 1 ELSE 0 END), "
+        "MIN(CASE WHEN state = 'ready' AND run_at <= ? THEN run_at END), "
+        "SUM(CASE WHEN state = 'done' AND finished_at >= ? THEN 1 ELSE 0 END) "
+        "FROM homing_jobs GROUP BY type ORDER BY type",
+        (now, now, now, now - window),
+    )
+    out = []
+    for type_, ready, scheduled, running, done, failed, oldest, recent in rows:
+        out.append(
+            {
+                "type": type_,
+                "ready": int(ready or 0),
+                "scheduled": int(scheduled or 0),
+                "running": int(running or 0),
+                "done": int(done or 0),
+                "failed": int(failed or 0),
+                "oldest_ready_age_s": (now - float(oldest)) if oldest is not None else None,
+                "done_per_s": int(recent or 0) / window,
+            }
+        )
+    return out

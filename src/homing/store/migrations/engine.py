@@ -1,0 +1,7 @@
+"""Schema of the engine component (none yet)."""
+
+from __future__ import annotations
+
+from homing.store.migrations import Migration
+
+MIGRATIONS: list[Migration] = []

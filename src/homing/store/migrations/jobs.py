@@ -1,0 +1,88 @@
+"""Schema of the job queue (seed 002)."""
+
+from __future__ import annotations
+
+from homing.store.migrations import Migration
+
+# States: ready (waiting for run_at), running (leased), done, failed (perm-failed, "dead").
+# available_at is when a grabber may take the job: run_at while ready, the lease expiry
+# while running; one partial index then serves both fresh and lease-expired jobs.
+_SQLITE = (
+    """CREATE TABLE homing_jobs (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        id TEXT NOT NULL UNIQUE,
+        type TEXT NOT NULL,
+        args TEXT NOT NULL,
+        priority INTEGER NOT NULL DEFAULT 0,
+        state TEXT NOT NULL CHECK (state IN ('ready', 'running', 'done', 'failed')),
+        run_at REAL NOT NULL,
+        available_at REAL NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        unique_key TEXT UNIQUE,
+        lease_token TEXT,
+        lease_expires_at REAL,
+        holder_host TEXT,
+        holder_pid INTEGER,
+        holder_worker TEXT,
+        created_at REAL NOT NULL,
+        finished_at REAL,
+        last_error TEXT,
+        parent_id TEXT
+    )""",
+    """CREATE INDEX homing_jobs_grab ON homing_jobs (type, priority DESC, available_at, seq)
+       WHERE state IN ('ready', 'running')""",
+    """CREATE INDEX homing_jobs_finished ON homing_jobs (finished_at)
+       WHERE finished_at IS NOT NULL""",
+    """CREATE TABLE homing_job_failures (
+        job_id TEXT NOT NULL,
+        attempt INTEGER NOT NULL,
+        at REAL NOT NULL,
+        kind TEXT NOT NULL,
+        host TEXT,
+        pid INTEGER,
+        worker TEXT,
+        message TEXT NOT NULL
+    )""",
+    "CREATE INDEX homing_job_failures_job ON homing_job_failures (job_id)",
+)
+
+_POSTGRES = (
+    """CREATE TABLE homing_jobs (
+        seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        id TEXT NOT NULL UNIQUE,
+        type TEXT NOT NULL,
+        args JSONB NOT NULL,
+        priority INTEGER NOT NULL DEFAULT 0,
+        state TEXT NOT NULL CHECK (state IN ('ready', 'running', 'done', 'failed')),
+        run_at DOUBLE PRECISION NOT NULL,
+        available_at DOUBLE PRECISION NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        unique_key TEXT UNIQUE,
+        lease_token TEXT,
+        lease_expires_at DOUBLE PRECISION,
+        holder_host TEXT,
+        holder_pid INTEGER,
+        holder_worker TEXT,
+        created_at DOUBLE PRECISION NOT NULL,
+        finished_at DOUBLE PRECISION,
+        last_error TEXT,
+        parent_id TEXT
+    )""",
+    """CREATE INDEX homing_jobs_grab ON homing_jobs (type, priority DESC, available_at, seq)
+       WHERE state IN ('ready', 'running')""",
+    """CREATE INDEX homing_jobs_finished ON homing_jobs (finished_at)
+       WHERE finished_at IS NOT NULL""",
+    """CREATE TABLE homing_job_failures (
+        job_id TEXT NOT NULL,
+        attempt INTEGER NOT NULL,
+        at DOUBLE PRECISION NOT NULL,
+        kind TEXT NOT NULL,
+        host TEXT,
+        pid INTEGER,
+        worker TEXT,
+        message TEXT NOT NULL
+    )""",
+    "CREATE INDEX homing_job_failures_job ON homing_job_failures (job_id)",
+)
+
+MIGRATIONS: list[Migration] = [Migration(1, "jobs", _SQLITE, _POSTGRES)]

@@ -1,0 +1,192 @@
+"""PostgreSQL backend: psycopg 3 with its pool, SKIP LOCKED grabs, LISTEN/NOTIFY wake-ups."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import urlencode
+
+from homing.clock import Clock, SystemClock
+from homing.errors import ConfigurationError, StoreUnavailable
+from homing.store._common import TxSlot, parse_bool, run_after_commit, split_url
+from homing.store.protocol import Dialect, Tx
+
+try:
+    import psycopg
+    from psycopg import sql as pgsql
+    from psycopg_pool import ConnectionPool, PoolTimeout
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ConfigurationError(
+        "the PostgreSQL backend needs psycopg 3: pip install 'homing[postgres]'"
+    ) from exc
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+_HOMING_OPTIONS = ("schema", "pool_size", "durable", "connect_timeout_s")
+
+
+def parse_postgres_url(url: str) -> tuple[str, dict[str, str]]:
+    """Split homing's own options (``schema``, ``pool_size``, ``durable``) off a libpq URL."""
+    scheme, rest, options = split_url(url)
+    if scheme not in ("postgresql", "postgres"):
+        raise ConfigurationError(f"not a PostgreSQL URL: {url!r}")
+    own = {k: v for k, v in options.items() if k in _HOMING_OPTIONS}
+    libpq = {k: v for k, v in options.items() if k not in _HOMING_OPTIONS}
+    conninfo = rest + ("?" + urlencode(libpq) if libpq else "")
+    schema = own.get("schema")
+    if schema is not None and not _IDENT.match(schema):
+        raise ConfigurationError(
+            f"schema={schema!r} is not a plain identifier (letters, digits, _)"
+        )
+    return conninfo, own
+
+
+class _Listener:
+    """One LISTEN connection per store; wakes every waiter when its channel is notified."""
+
+    def __init__(self, conninfo: str, channel: str) -> None:
+        self._conninfo = conninfo
+        self._channel = channel
+        self._cond = threading.Condition()
+        self._generation = 0
+        self._stop = False
+        self._ready = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"homing-listen-{channel}", daemon=True
+        )
+        self._thread.start()
+        self._ready.wait(5)
+
+    def _run(self) -> None:
+        while not self._stop:
+            try:
+                with psycopg.connect(self._conninfo, autocommit=True) as conn:
+                    conn.execute(pgsql.SQL("LISTEN {}").format(pgsql.Identifier(self._channel)))
+                    self._ready.set()
+                    while not self._stop:
+                        for _ in conn.notifies(timeout=0.5, stop_after=1):
+                            with self._cond:
+                                self._generation += 1
+                                self._cond.notify_all()
+            except psycopg.Error:
+                self._ready.set()
+                time.sleep(0.5)  # the server went away: poll instead, reconnect soon
+
+    def wait(self, timeout: float) -> bool:
+        with self._cond:
+            start = self._generation
+            self._cond.wait_for(lambda: self._generation != start, timeout=timeout)
+            return self._generation != start
+
+    def stop(self) -> None:
+        self._stop = True
+
+
+class PostgresStore:
+    """A store in one PostgreSQL database (optionally one schema of it)."""
+
+    dialect: Dialect = "postgres"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        clock: Clock | None = None,
+        durable: bool | None = None,
+        pool_size: int | None = None,
+        connect_timeout: float = 10.0,
+    ) -> None:
+        self.url = url
+        self.conninfo, own = parse_postgres_url(url)
+        self.schema = own.get("schema")
+        if durable is None:
+            durable = parse_bool("durable", own.get("durable", "true"))
+        self.durable = durable
+        self.clock: Clock = clock or SystemClock()
+        size = pool_size or int(own.get("pool_size", "10"))
+        kwargs: dict[str, Any] = {"autocommit": True}
+        settings = []
+        if self.schema:
+            settings.append(f"-c search_path={self.schema}")
+        if not durable:
+            settings.append("-c synchronous_commit=off")
+        if settings:
+            kwargs["options"] = " ".join(settings)
+        extra = {"options": kwargs["options"]} if "options" in kwargs else {}
+        self._listen_conninfo = psycopg.conninfo.make_conninfo(self.conninfo, **extra)
+        self._slot = TxSlot(f"homing-pg-tx-{id(self)}")
+        self._listeners: dict[str, _Listener] = {}
+        self._listeners_lock = threading.Lock()
+        self.pool = ConnectionPool(
+            self.conninfo,
+            min_size=1,
+            max_size=max(1, size),
+            kwargs=kwargs,
+            open=False,
+            name=f"homing-{id(self)}",
+        )
+        try:
+            self.pool.open(wait=True, timeout=connect_timeout)
+        except PoolTimeout as exc:
+            self.pool.close()
+            raise StoreUnavailable(
+                f"cannot connect to PostgreSQL at {_redact(self.conninfo)} within {connect_timeout:g}s; "
+                "is the server running and the URL right? (pg_isready -h HOST -p PORT)"
+            ) from exc
+        if self.schema:
+            with self.pool.connection() as conn:
+                conn.execute(
+                    pgsql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
+                        pgsql.Identifier(self.schema)
+                    )
+                )
+
+    def in_transaction(self) -> Tx | None:
+        return self._slot.get()
+
+    @contextmanager
+    def transaction(self, *, write: bool = True) -> Iterator[Tx]:
+        current = self._slot.get()
+        if current is not None:
+            yield current
+            return
+        try:
+            with self.pool.connection(timeout=60) as conn, conn.transaction():
+                tx = Tx(conn, "postgres", self)
+                with self._slot.bind(tx):
+                    yield tx
+        except PoolTimeout as exc:
+            raise StoreUnavailable(
+                f"no PostgreSQL connection free within 60s ({_redact(self.conninfo)})"
+            ) from exc
+        run_after_commit(tx)
+
+    def migrate(self) -> list[str]:
+        from homing.store.migrations import apply_migrations
+
+        return apply_migrations(self)
+
+    def notify_channel(self, channel: str) -> str:
+        return f"{self.schema}_{channel}" if self.schema else channel
+
+    def wait_for_notification(self, channel: str, timeout: float) -> bool:
+        full = self.notify_channel(channel)
+        if not _IDENT.match(full):
+            raise ConfigurationError(f"notification channel {full!r} is not a plain identifier")
+        with self._listeners_lock:
+            listener = self._listeners.get(full)
+            if listener is None:
+                listener = self._listeners[full] = _Listener(self._listen_conninfo, full)
+        return listener.wait(timeout)
+
+    def close(self) -> None:
+        for listener in self._listeners.values():
+            listener.stop()
+        self.pool.close()
+
+
+def _redact(conninfo: str) -> str:
+    return re.sub(r"://([^:@/]+):[^@/]*@", r"://\1:***@", conninfo)

@@ -1,0 +1,149 @@
+"""SQLite backend: the embedded default. WAL, ``BEGIN IMMEDIATE`` for writes, FULL sync."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from homing.clock import Clock, SystemClock
+from homing.errors import ConfigurationError, StoreUnavailable
+from homing.store._common import TxSlot, parse_bool, run_after_commit, split_url
+from homing.store.protocol import Dialect, Tx
+
+BUSY_TIMEOUT_MS = 60_000
+
+
+def parse_sqlite_url(url: str) -> tuple[Path, dict[str, str]]:
+    """``sqlite:///rel.db`` is relative to the working directory, ``sqlite:////abs.db`` absolute."""
+    scheme, rest, options = split_url(url)
+    if scheme != "sqlite":
+        raise ConfigurationError(f"not a SQLite URL: {url!r}")
+    path = rest[len("sqlite:///") :] if rest.startswith("sqlite:///") else ""
+    if not path:
+        raise ConfigurationError(f"SQLite URL {url!r} has no file path; use sqlite:///homing.db")
+    if path == ":memory:":
+        raise ConfigurationError(
+            "sqlite:///:memory: cannot be shared between homing's threads and processes; "
+            "use a file, for example in a temporary directory"
+        )
+    return Path(path), options
+
+
+class SQLiteStore:
+    """A store in one SQLite file, shared safely by threads (a connection each) and processes."""
+
+    dialect: Dialect = "sqlite"
+
+    def __init__(
+        self, url: str, *, clock: Clock | None = None, durable: bool | None = None
+    ) -> None:
+        self.url = url
+        self.path, options = parse_sqlite_url(url)
+        if durable is None:
+            durable = parse_bool("durable", options.get("durable", "true"))
+        self.durable = durable
+        self.clock: Clock = clock or SystemClock()
+        self._local = threading.local()
+        self._slot = TxSlot(f"homing-sqlite-tx-{id(self)}")
+        self._all: list[sqlite3.Connection] = []
+        self._all_lock = threading.Lock()
+        self._closed = False
+        parent = self.path.parent
+        if str(parent) and not parent.exists():
+            raise ConfigurationError(
+                f"directory {parent} for SQLite file {self.path} does not exist"
+            )
+
+    # -- connections -------------------------------------------------------------------
+    def _connection(self) -> sqlite3.Connection:
+        if self._closed:
+            raise StoreUnavailable(f"store {self.url} was closed")
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is not None and getattr(self._local, "pid", None) == os.getpid():
+            return conn
+        try:
+            conn = sqlite3.connect(
+                str(self.path),
+                isolation_level=None,
+                timeout=BUSY_TIMEOUT_MS / 1000,
+                check_same_thread=False,
+            )
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise StoreUnavailable(f"could not switch {self.path} to WAL mode (got {mode})")
+            conn.execute("PRAGMA synchronous = " + ("FULL" if self.durable else "OFF"))
+            conn.execute("PRAGMA foreign_keys = ON")
+        except sqlite3.DatabaseError as exc:
+            raise StoreUnavailable(
+                f"cannot open SQLite database {self.path}: {exc}; check the path and its permissions"
+            ) from exc
+        self._local.conn = conn
+        self._local.pid = os.getpid()
+        with self._all_lock:
+            self._all.append(conn)
+        return conn
+
+    # -- transactions ------------------------------------------------------------------
+    def in_transaction(self) -> Tx | None:
+        return self._slot.get()
+
+    @contextmanager
+    def transaction(self, *, write: bool = True) -> Iterator[Tx]:
+        current = self._slot.get()
+        if current is not None:
+            yield current
+            return
+        conn = self._connection()
+        try:
+            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+        except sqlite3.OperationalError as exc:
+            raise StoreUnavailable(f"could not begin a transaction on {self.path}: {exc}") from exc
+        tx = Tx(conn, "sqlite", self)
+        try:
+            with self._slot.bind(tx):
+                yield tx
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        self._commit(conn)
+        run_after_commit(tx)
+
+    def _commit(self, conn: sqlite3.Connection) -> None:
+        # COMMIT can meet SQLITE_BUSY when a reader holds the WAL; retry within the timeout.
+        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+        while True:
+            try:
+                conn.execute("COMMIT")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise StoreUnavailable(f"commit failed on {self.path}: {exc}") from exc
+                time.sleep(0.005)
+
+    def migrate(self) -> list[str]:
+        from homing.store.migrations import apply_migrations
+
+        return apply_migrations(self)
+
+    def wait_for_notification(self, channel: str, timeout: float) -> bool:
+        time.sleep(max(0.0, timeout))
+        return False
+
+    def close(self) -> None:
+        self._closed = True
+        with self._all_lock:
+            conns, self._all = self._all, []
+        for conn in conns:
+            try:
+                conn.close()
+            except sqlite3.ProgrammingError:
+                pass  # created in another thread that still uses it; it closes on exit
