@@ -88,7 +88,10 @@ def open_db(ctx: click.Context) -> Any:
 
 @click.group(cls=HomingGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
-    "--db", envvar="HOMING_DB", default=DEFAULT_DB, show_default=True,
+    "--db",
+    envvar="HOMING_DB",
+    default=DEFAULT_DB,
+    show_default=True,
     help="Store URL (sqlite:///file.db or postgresql://...; comma-separated for shards). Env: HOMING_DB.",
 )
 @click.version_option(package_name="homing")
@@ -107,7 +110,11 @@ def migrate(ctx: click.Context, as_json: bool) -> None:
     ctx.obj["migrate"] = False
     with open_db(ctx) as db:
         applied = db.migrate()
-    emit({"applied": applied}, as_json, lambda d: click.echo("\n".join(d["applied"]) or "schema is up to date"))
+    emit(
+        {"applied": applied},
+        as_json,
+        lambda d: click.echo("\n".join(d["applied"]) or "schema is up to date"),
+    )
 
 
 def _parse_json(text: str, what: str) -> Any:
@@ -125,20 +132,31 @@ def _parse_json(text: str, what: str) -> Any:
 @click.option("--unique-key", default=None, help="Idempotency key: a repeat returns the first job.")
 @json_option
 @click.pass_context
-def insert(ctx: click.Context, type: str, args: str, priority: int, delay: float,
-           unique_key: str | None, as_json: bool) -> None:
+def insert(
+    ctx: click.Context,
+    type: str,
+    args: str,
+    priority: int,
+    delay: float,
+    unique_key: str | None,
+    as_json: bool,
+) -> None:
     """Insert a job of TYPE with JSON ARGS; prints its handle."""
     payload = _parse_json(args, "ARGS")
     with open_db(ctx) as db:
-        run_at = db.shards[0].clock.now() + delay if hasattr(db, "shards") else db.clock.now() + delay
+        run_at = (
+            db.shards[0].clock.now() + delay if hasattr(db, "shards") else db.clock.now() + delay
+        )
         handle = db.insert(type, payload, priority=priority, run_at=run_at, unique_key=unique_key)
     emit({"handle": handle}, as_json, lambda d: click.echo(d["handle"]))
 
 
 @cli.command()
 @click.argument("types")
-@click.option("--lock-for", type=float, default=60.0, show_default=True, help="Lease length in seconds.")
-@click.option("--where", default=None, help='JSON search on args, e.g. \'{"user": 5}\'.')
+@click.option(
+    "--lock-for", type=float, default=60.0, show_default=True, help="Lease length in seconds."
+)
+@click.option("--where", default=None, help="JSON search on args, e.g. '{\"user\": 5}'.")
 @json_option
 @click.pass_context
 def grab(ctx: click.Context, types: str, lock_for: float, where: str | None, as_json: bool) -> None:
@@ -149,10 +167,14 @@ def grab(ctx: click.Context, types: str, lock_for: float, where: str | None, as_
     if job is None:
         click.echo("no job available", err=True)
         sys.exit(3)
-    emit(job, as_json, lambda j: click.echo(
-        f"{j.handle} {j.type} attempt {j.attempts} lease {j.lease_token} "
-        f"until {time.strftime('%H:%M:%S', time.localtime(j.lease_expires_at))}\n{json.dumps(j.args)}"
-    ))
+    emit(
+        job,
+        as_json,
+        lambda j: click.echo(
+            f"{j.handle} {j.type} attempt {j.attempts} lease {j.lease_token} "
+            f"until {time.strftime('%H:%M:%S', time.localtime(j.lease_expires_at))}\n{json.dumps(j.args)}"
+        ),
+    )
 
 
 @cli.command()
@@ -160,10 +182,18 @@ def grab(ctx: click.Context, types: str, lock_for: float, where: str | None, as_
 @click.option("--lease-token", required=True, help="The token printed by grab.")
 @click.option("--fail", "fail_message", default=None, help="Temp-fail with this message instead.")
 @click.option("--retry-in", type=float, default=60.0, show_default=True)
-@click.option("--perm-fail", "perm_message", default=None, help="Perm-fail with this message instead.")
+@click.option(
+    "--perm-fail", "perm_message", default=None, help="Perm-fail with this message instead."
+)
 @click.pass_context
-def complete(ctx: click.Context, handle: str, lease_token: str, fail_message: str | None,
-             retry_in: float, perm_message: str | None) -> None:
+def complete(
+    ctx: click.Context,
+    handle: str,
+    lease_token: str,
+    fail_message: str | None,
+    retry_in: float,
+    perm_message: str | None,
+) -> None:
     """Complete (or --fail / --perm-fail) the job HANDLE held with --lease-token."""
     with open_db(ctx) as db:
         if perm_message is not None:
@@ -177,15 +207,21 @@ def complete(ctx: click.Context, handle: str, lease_token: str, fail_message: st
 
 def _print_details(d: Any) -> None:
     fmt = lambda t: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"  # noqa: E731
-    click.echo(f"job       {d.handle}\ntype      {d.type}\nstate     {d.state}\nattempts  {d.attempts}")
+    click.echo(
+        f"job       {d.handle}\ntype      {d.type}\nstate     {d.state}\nattempts  {d.attempts}"
+    )
     click.echo(f"priority  {d.priority}\nrun_at    {fmt(d.run_at)}\ncreated   {fmt(d.created_at)}")
     if d.holder:
-        click.echo(f"holder    {d.holder.host} pid {d.holder.pid} ({d.holder.worker}) until {fmt(d.lease_expires_at)}")
+        click.echo(
+            f"holder    {d.holder.host} pid {d.holder.pid} ({d.holder.worker}) until {fmt(d.lease_expires_at)}"
+        )
     if d.unique_key:
         click.echo(f"unique    {d.unique_key}")
     click.echo(f"args      {json.dumps(d.args)}")
     for f in d.failures:
-        click.echo(f"  {fmt(f.at)} attempt {f.attempt} {f.kind} on {f.host} pid {f.pid}: {f.message}")
+        click.echo(
+            f"  {fmt(f.at)} attempt {f.attempt} {f.kind} on {f.host} pid {f.pid}: {f.message}"
+        )
 
 
 @cli.command()
@@ -212,16 +248,24 @@ def _print_stats(rows: list[dict[str, Any]]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("type", "ready", "scheduled", "running", "done", "failed", "oldest ready", "done/s")
+    table = Table(
+        "type", "ready", "scheduled", "staged", "running", "done", "failed", "oldest ready", "done/s"
+    )
     for r in rows:
         age = r["oldest_ready_age_s"]
-        table.add_row(r["type"], *(str(r[k]) for k in ("ready", "scheduled", "running", "done", "failed")),
-                      f"{age:.1f}s" if age is not None else "-", f"{r['done_per_s']:.1f}")
+        table.add_row(
+            r["type"],
+            *(str(r[k]) for k in ("ready", "scheduled", "staged", "running", "done", "failed")),
+            f"{age:.1f}s" if age is not None else "-",
+            f"{r['done_per_s']:.1f}",
+        )
     Console().print(table)
 
 
 @cli.command()
-@click.option("--window", type=float, default=60.0, show_default=True, help="Seconds for the throughput.")
+@click.option(
+    "--window", type=float, default=60.0, show_default=True, help="Seconds for the throughput."
+)
 @json_option
 @click.pass_context
 def stats(ctx: click.Context, window: float, as_json: bool) -> None:
@@ -231,7 +275,9 @@ def stats(ctx: click.Context, window: float, as_json: bool) -> None:
 
 
 @cli.command()
-@click.option("--older-than", type=float, default=None, help="Seconds; default: the retention period.")
+@click.option(
+    "--older-than", type=float, default=None, help="Seconds; default: the retention period."
+)
 @json_option
 @click.pass_context
 def gc(ctx: click.Context, older_than: float | None, as_json: bool) -> None:

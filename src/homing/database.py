@@ -390,6 +390,7 @@ class ShardedDatabase:
                         **row,
                         "ready": 0,
                         "scheduled": 0,
+                        "staged": 0,
                         "running": 0,
                         "done": 0,
                         "failed": 0,
@@ -397,7 +398,15 @@ class ShardedDatabase:
                         "oldest_ready_age_s": None,
                     },
                 )
-                for k in ("ready", "scheduled", "running", "done", "failed", "done_per_s"):
+                for k in (
+                    "ready",
+                    "scheduled",
+                    "staged",
+                    "running",
+                    "done",
+                    "failed",
+                    "done_per_s",
+                ):
                     m[k] += row[k]
                 ages = [
                     a for a in (m["oldest_ready_age_s"], row["oldest_ready_age_s"]) if a is not None

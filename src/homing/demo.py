@@ -19,7 +19,9 @@ def run_demo(url: str) -> dict[str, object]:
         assert again == event, "unique_key must deduplicate"
         job = db.grab("FiredEvent", lock_for=30)
         assert job is not None
-        subs = db.replace(job, [("ProcessSubscription", {"post": 42, "subscriber": s}) for s in range(5)])
+        subs = db.replace(
+            job, [("ProcessSubscription", {"post": 42, "subscriber": s}) for s in range(5)]
+        )
         done = 0
         while (sub := db.grab("ProcessSubscription", lock_for=30)) is not None:
             if sub.args["subscriber"] == 3 and sub.attempts == 1:
@@ -34,19 +36,27 @@ def run_demo(url: str) -> dict[str, object]:
             db.complete(n)
             notes += 1
         return {
-            "event": event, "subscriptions": len(subs), "processed": done, "notifications": notes,
-            "retried_job": db.details(subs[3]).as_dict(), "stats": db.stats(),
+            "event": event,
+            "subscriptions": len(subs),
+            "processed": done,
+            "notifications": notes,
+            "retried_job": db.details(subs[3]).as_dict(),
+            "stats": db.stats(),
         }
     finally:
         db.close()
 
 
 @click.command()
-@click.option("--db", "url", default=None, help="Store URL; default: a fresh SQLite file in a temp dir.")
+@click.option(
+    "--db", "url", default=None, help="Store URL; default: a fresh SQLite file in a temp dir."
+)
 def demo(url: str | None) -> None:
     """Walk a FiredEvent through replace / temp_fail / transactional enqueue."""
     if url is None:
         url = f"sqlite:///{os.path.join(tempfile.mkdtemp(prefix='homing-demo-'), 'demo.db')}"
     result = run_demo(url)
     click.echo(json.dumps(result, indent=2, default=str))
-    click.echo(f"\nOK: 1 event -> {result['subscriptions']} subscriptions -> {result['notifications']} notifications, each once ({url})")
+    click.echo(
+        f"\nOK: 1 event -> {result['subscriptions']} subscriptions -> {result['notifications']} notifications, each once ({url})"
+    )

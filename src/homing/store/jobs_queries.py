@@ -64,7 +64,7 @@ def insert_jobs(tx: Tx, jobs: Sequence[NewJob]) -> list[str]:
     tx.executemany(
         "INSERT INTO homing_jobs (id, type, args, priority, state, run_at, available_at, "
         f"unique_key, parent_id, created_at) VALUES (?, ?, {args_param}, ?, 'ready', ?, ?, ?, ?, ?) "
-        "ON CONFLICT (unique_key) DO NOTHING",
+        "ON CONFLICT DO NOTHING",
         [
             (
                 j.id,
@@ -251,8 +251,9 @@ def grab_jobs(
 ) -> list[dict[str, Any]]:
     """Lease up to ``limit`` available jobs of ``types`` to one holder, atomically.
 
-    A job is available when ready and due, or running with an expired lease; a job taken
-    over from an expired lease gets a ``lease_expired`` entry in its history.
+    A job is available when ready and due, or running with an expired lease, and not staged
+    in an uncommitted batch. Jobs of committed batches are taken after ordinary ones of the
+    same call. A job taken over from an expired lease gets a ``lease_expired`` history entry.
     """
     where_sql = ""
     where_params: list[Any] = []
@@ -261,29 +262,43 @@ def grab_jobs(
         where_sql = " AND " + clause
     set_lease = (
         "state = 'running', attempts = attempts + 1, lease_token = ?, lease_expires_at = ?, "
-        "available_at = ?, holder_host = ?, holder_pid = ?, holder_worker = ?"
+        "available_at = ?, holder_host = ?, holder_pid = ?, holder_worker = ?, batch_id = NULL"
     )
     lease_params = [lease.token, lease.until, lease.until, lease.host, lease.pid, lease.worker]
+    old_cols = "seq, state, holder_host, holder_pid, holder_worker, lease_expires_at"
     if tx.dialect == "postgres":
         sql = (
-            "WITH cand AS (SELECT seq, state AS old_state, holder_host AS old_host, "
-            "holder_pid AS old_pid, holder_worker AS old_worker, lease_expires_at AS old_exp "
-            "FROM homing_jobs WHERE type = ANY(?) AND state IN ('ready', 'running') "
-            f"AND available_at <= ?{where_sql} "
-            "ORDER BY priority DESC, available_at, seq LIMIT ? FOR UPDATE SKIP LOCKED) "
+            f"WITH plain AS (SELECT {old_cols} FROM homing_jobs "
+            "WHERE type = ANY(?) AND state IN ('ready', 'running') AND available_at <= ? "
+            f"AND batch_id IS NULL{where_sql} "
+            "ORDER BY priority DESC, available_at, seq LIMIT ? FOR UPDATE SKIP LOCKED), "
+            f"staged AS (SELECT {old_cols} FROM homing_jobs WHERE batch_id IN "
+            "(SELECT batch_id FROM homing_job_batches WHERE state = 'committed') "
+            f"AND type = ANY(?) AND state = 'ready' AND available_at <= ?{where_sql} "
+            "ORDER BY priority DESC, seq LIMIT ? FOR UPDATE SKIP LOCKED), "
+            "cand AS (SELECT * FROM (SELECT * FROM plain UNION ALL SELECT * FROM staged) u LIMIT ?) "
             f"UPDATE homing_jobs j SET {set_lease.replace('attempts + 1', 'j.attempts + 1')} "
             f"FROM cand WHERE j.seq = cand.seq RETURNING {_J_COLS}, "
-            "cand.old_state, cand.old_host, cand.old_pid, cand.old_worker, cand.old_exp"
+            "cand.state, cand.holder_host, cand.holder_pid, cand.holder_worker, cand.lease_expires_at"
         )
-        rows = tx.query(sql, [list(types), now, *where_params, limit, *lease_params])
+        pick = [list(types), now, *where_params, limit]
+        rows = tx.query(sql, [*pick, *pick, limit, *lease_params])
     else:
         marks = ", ".join("?" for _ in types)
         found = tx.query(
-            "SELECT seq, state, holder_host, holder_pid, holder_worker, lease_expires_at "
-            f"FROM homing_jobs WHERE type IN ({marks}) AND state IN ('ready', 'running') "
-            f"AND available_at <= ?{where_sql} ORDER BY priority DESC, available_at, seq LIMIT ?",
+            f"SELECT {old_cols} FROM homing_jobs WHERE type IN ({marks}) "
+            "AND state IN ('ready', 'running') AND available_at <= ? AND batch_id IS NULL"
+            f"{where_sql} ORDER BY priority DESC, available_at, seq LIMIT ?",
             [*types, now, *where_params, limit],
         )
+        if len(found) < limit:
+            found += tx.query(
+                f"SELECT {old_cols} FROM homing_jobs WHERE batch_id IN "
+                "(SELECT batch_id FROM homing_job_batches WHERE state = 'committed') "
+                f"AND type IN ({marks}) AND state = 'ready' AND available_at <= ?{where_sql} "
+                "ORDER BY priority DESC, seq LIMIT ?",
+                [*types, now, *where_params, limit - len(found)],
+            )
         if not found:
             return []
         old = {r[0]: r[1:] for r in found}
@@ -313,6 +328,54 @@ def grab_jobs(
         result.append(job)
     result.sort(key=lambda r: (-r["priority"], r["seq"]))
     return result
+
+
+# -- staged batches ----------------------------------------------------------------------
+def open_batch(tx: Tx, batch_id: str, *, now: float, info: str | None = None) -> str:
+    """Create a staging batch if it does not exist; return its state (open/committed/aborted)."""
+    tx.execute(
+        "INSERT INTO homing_job_batches (batch_id, state, created_at, info) VALUES (?, 'open', ?, ?) "
+        "ON CONFLICT (batch_id) DO NOTHING",
+        (batch_id, now, info),
+    )
+    row = tx.query_one("SELECT state FROM homing_job_batches WHERE batch_id = ?", (batch_id,))
+    assert row is not None
+    return str(row[0])
+
+
+def commit_batch(tx: Tx, batch_id: str, *, now: float) -> bool:
+    """Make every job staged in the batch grabbable at once; True if this call committed it.
+
+    Idempotent: committing a committed batch changes nothing and returns False.
+    """
+    changed = (
+        tx.rowcount(
+            "UPDATE homing_job_batches SET state = 'committed', committed_at = ? "
+            "WHERE batch_id = ? AND state = 'open'",
+            (now, batch_id),
+        )
+        == 1
+    )
+    if changed and tx.dialect == "postgres":
+        tx.execute("SELECT pg_notify(?, '')", (notify_channel(tx),))
+    return changed
+
+
+def batch_state(tx: Tx, batch_id: str) -> str | None:
+    row = tx.query_one("SELECT state FROM homing_job_batches WHERE batch_id = ?", (batch_id,))
+    return str(row[0]) if row is not None else None
+
+
+def abort_batch(tx: Tx, batch_id: str) -> int:
+    """Drop an uncommitted batch and the jobs staged in it; returns the jobs deleted."""
+    if batch_state(tx, batch_id) == "committed":
+        return 0
+    n = tx.rowcount("DELETE FROM homing_jobs WHERE batch_id = ? AND state = 'ready'", (batch_id,))
+    tx.execute(
+        "UPDATE homing_job_batches SET state = 'aborted' WHERE batch_id = ? AND state = 'open'",
+        (batch_id,),
+    )
+    return n
 
 
 # -- finishing ---------------------------------------------------------------------------
@@ -406,33 +469,46 @@ def gc(tx: Tx, *, finished_before: float) -> int:
         "(SELECT id FROM homing_jobs WHERE finished_at IS NOT NULL AND finished_at < ?)",
         (finished_before,),
     )
-    return tx.rowcount(
+    deleted = tx.rowcount(
         "DELETE FROM homing_jobs WHERE finished_at IS NOT NULL AND finished_at < ?",
         (finished_before,),
     )
+    tx.execute(
+        "DELETE FROM homing_job_batches WHERE state <> 'open' AND created_at < ? AND NOT EXISTS "
+        "(SELECT 1 FROM homing_jobs j WHERE j.batch_id = homing_job_batches.batch_id)",
+        (finished_before,),
+    )
+    return deleted
 
 
 def stats(tx: Tx, *, now: float, window: float) -> list[dict[str, Any]]:
-    """Per type: counts by state, oldest due ready job's age, completions in the window."""
+    """Per type: counts by state, oldest due ready job's age, completions in the window.
+
+    ``staged`` counts jobs written into a batch that is not committed yet (invisible).
+    """
+    visible = "(j.batch_id IS NULL OR b.state = 'committed')"
     rows = tx.query(
-        "SELECT type, "
-        "SUM(CASE WHEN state = 'ready' AND run_at <= ? THEN 1 ELSE 0 END), "
-        "SUM(CASE WHEN state = 'ready' AND run_at > ? THEN 1 ELSE 0 END), "
-        "SUM(CASE WHEN state = 'running' THEN 1 ELSE 0 END), "
-        "SUM(CASE WHEN state = 'done' THEN 1 ELSE 0 END), "
-        "SUM(CASE WHEN state = 'failed' THEN 1 ELSE 0 END), "
-        "MIN(CASE WHEN state = 'ready' AND run_at <= ? THEN run_at END), "
-        "SUM(CASE WHEN state = 'done' AND finished_at >= ? THEN 1 ELSE 0 END) "
-        "FROM homing_jobs GROUP BY type ORDER BY type",
+        "SELECT j.type, "
+        f"SUM(CASE WHEN j.state = 'ready' AND j.run_at <= ? AND {visible} THEN 1 ELSE 0 END), "
+        f"SUM(CASE WHEN j.state = 'ready' AND j.run_at > ? AND {visible} THEN 1 ELSE 0 END), "
+        f"SUM(CASE WHEN j.state = 'ready' AND NOT {visible} THEN 1 ELSE 0 END), "
+        "SUM(CASE WHEN j.state = 'running' THEN 1 ELSE 0 END), "
+        "SUM(CASE WHEN j.state = 'done' THEN 1 ELSE 0 END), "
+        "SUM(CASE WHEN j.state = 'failed' THEN 1 ELSE 0 END), "
+        f"MIN(CASE WHEN j.state = 'ready' AND j.run_at <= ? AND {visible} THEN j.run_at END), "
+        "SUM(CASE WHEN j.state = 'done' AND j.finished_at >= ? THEN 1 ELSE 0 END) "
+        "FROM homing_jobs j LEFT JOIN homing_job_batches b ON b.batch_id = j.batch_id "
+        "GROUP BY j.type ORDER BY j.type",
         (now, now, now, now - window),
     )
     out = []
-    for type_, ready, scheduled, running, done, failed, oldest, recent in rows:
+    for type_, ready, scheduled, staged, running, done, failed, oldest, recent in rows:
         out.append(
             {
                 "type": type_,
                 "ready": int(ready or 0),
                 "scheduled": int(scheduled or 0),
+                "staged": int(staged or 0),
                 "running": int(running or 0),
                 "done": int(done or 0),
                 "failed": int(failed or 0),

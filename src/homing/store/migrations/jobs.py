@@ -7,6 +7,10 @@ from homing.store.migrations import Migration
 # States: ready (waiting for run_at), running (leased), done, failed (perm-failed, "dead").
 # available_at is when a grabber may take the job: run_at while ready, the lease expiry
 # while running; one partial index then serves both fresh and lease-expired jobs.
+# Staged jobs (batch_id set) are written invisibly, e.g. by Spark tasks, and become
+# grabbable all at once when their batch is committed (one row update in
+# homing_job_batches, not one per job); a grab clears batch_id, moving the job into the
+# ordinary grab index.
 _SQLITE = (
     """CREATE TABLE homing_jobs (
         seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -27,10 +31,13 @@ _SQLITE = (
         created_at REAL NOT NULL,
         finished_at REAL,
         last_error TEXT,
-        parent_id TEXT
+        parent_id TEXT,
+        batch_id TEXT
     )""",
     """CREATE INDEX homing_jobs_grab ON homing_jobs (type, priority DESC, available_at, seq)
-       WHERE state IN ('ready', 'running')""",
+       WHERE state IN ('ready', 'running') AND batch_id IS NULL""",
+    """CREATE INDEX homing_jobs_staged ON homing_jobs (batch_id, type, priority DESC, seq)
+       WHERE batch_id IS NOT NULL""",
     """CREATE INDEX homing_jobs_finished ON homing_jobs (finished_at)
        WHERE finished_at IS NOT NULL""",
     """CREATE TABLE homing_job_failures (
@@ -44,6 +51,13 @@ _SQLITE = (
         message TEXT NOT NULL
     )""",
     "CREATE INDEX homing_job_failures_job ON homing_job_failures (job_id)",
+    """CREATE TABLE homing_job_batches (
+        batch_id TEXT PRIMARY KEY,
+        state TEXT NOT NULL CHECK (state IN ('open', 'committed', 'aborted')),
+        created_at REAL NOT NULL,
+        committed_at REAL,
+        info TEXT
+    )""",
 )
 
 _POSTGRES = (
@@ -66,10 +80,13 @@ _POSTGRES = (
         created_at DOUBLE PRECISION NOT NULL,
         finished_at DOUBLE PRECISION,
         last_error TEXT,
-        parent_id TEXT
+        parent_id TEXT,
+        batch_id TEXT
     )""",
     """CREATE INDEX homing_jobs_grab ON homing_jobs (type, priority DESC, available_at, seq)
-       WHERE state IN ('ready', 'running')""",
+       WHERE state IN ('ready', 'running') AND batch_id IS NULL""",
+    """CREATE INDEX homing_jobs_staged ON homing_jobs (batch_id, type, priority DESC, seq)
+       WHERE batch_id IS NOT NULL""",
     """CREATE INDEX homing_jobs_finished ON homing_jobs (finished_at)
        WHERE finished_at IS NOT NULL""",
     """CREATE TABLE homing_job_failures (
@@ -83,6 +100,16 @@ _POSTGRES = (
         message TEXT NOT NULL
     )""",
     "CREATE INDEX homing_job_failures_job ON homing_job_failures (job_id)",
+    """CREATE TABLE homing_job_batches (
+        batch_id TEXT PRIMARY KEY,
+        state TEXT NOT NULL CHECK (state IN ('open', 'committed', 'aborted')),
+        created_at DOUBLE PRECISION NOT NULL,
+        committed_at DOUBLE PRECISION,
+        info TEXT
+    )""",
+    "ALTER TABLE homing_jobs SET (autovacuum_vacuum_scale_factor = 0.02, "
+    "autovacuum_analyze_scale_factor = 0.02, fillfactor = 80)",
+    "ALTER TABLE homing_job_batches SET (autovacuum_vacuum_scale_factor = 0.05)",
 )
 
 MIGRATIONS: list[Migration] = [Migration(1, "jobs", _SQLITE, _POSTGRES)]
