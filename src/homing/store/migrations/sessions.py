@@ -1,7 +1,72 @@
-"""Schema of the sessions component (none yet)."""
+"""Schema of the sessions component (seed 004): client sessions, request and reply queues.
+
+``homing_sessions`` is the queue manager's persistent session per client: LastRequest
+(Transaction 0, when the queue manager keeps it), LastEnqueuedID and LastDequeuedID.
+
+``homing_session_requests`` holds one row per request for its whole life, so the request
+queue, each client's private reply queue and the audit record (lookup by id) are views of
+one table, and moving a request from one queue to the next is one row update:
+``queued`` (in the request queue, ordered by ``seq``) -> ``replied`` (in the client's reply
+queue, ordered by ``replied_at, seq``) -> ``taken`` (dequeued by the client). ``remembered``
+marks the last n replies the client dequeued and has not yet confirmed.
+"""
 
 from __future__ import annotations
 
 from homing.store.migrations import Migration
 
-MIGRATIONS: list[Migration] = []
+
+def _schema(real: str, serial: str) -> tuple[str, ...]:
+    return (
+        f"""CREATE TABLE homing_sessions (
+            client_id TEXT PRIMARY KEY,
+            created_at {real} NOT NULL,
+            reconnected_at {real} NOT NULL,
+            connects INTEGER NOT NULL DEFAULT 1,
+            keep_replies INTEGER NOT NULL,
+            last_request_id TEXT,
+            last_request_queue TEXT,
+            last_request_body TEXT,
+            last_request_at {real},
+            last_enqueued_id TEXT,
+            last_dequeued_id TEXT
+        )""",
+        f"""CREATE TABLE homing_session_requests (
+            seq {serial},
+            id TEXT NOT NULL UNIQUE,
+            client_id TEXT NOT NULL,
+            queue TEXT NOT NULL,
+            body TEXT NOT NULL,
+            state TEXT NOT NULL CHECK (state IN ('queued', 'replied', 'taken')),
+            attempts INTEGER NOT NULL DEFAULT 0,
+            available_at {real} NOT NULL,
+            last_error TEXT,
+            reply TEXT,
+            reply_error TEXT,
+            server TEXT,
+            created_at {real} NOT NULL,
+            replied_at {real},
+            taken_at {real},
+            confirmed_at {real},
+            remembered INTEGER NOT NULL DEFAULT 0
+        )""",
+        """CREATE INDEX homing_session_requests_queue
+           ON homing_session_requests (queue, available_at, seq) WHERE state = 'queued'""",
+        """CREATE INDEX homing_session_requests_replies
+           ON homing_session_requests (client_id, replied_at, seq) WHERE state = 'replied'""",
+        """CREATE INDEX homing_session_requests_client
+           ON homing_session_requests (client_id, seq)
+           WHERE state <> 'taken' OR remembered = 1""",
+        """CREATE INDEX homing_session_requests_taken
+           ON homing_session_requests (taken_at) WHERE state = 'taken'""",
+    )
+
+
+MIGRATIONS: list[Migration] = [
+    Migration(
+        1,
+        "sessions",
+        _schema("REAL", "INTEGER PRIMARY KEY AUTOINCREMENT"),
+        _schema("DOUBLE PRECISION", "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY"),
+    )
+]

@@ -1,0 +1,513 @@
+"""The client side of queued request/reply (seed 004): persistent sessions and recovery.
+
+A client runs three kinds of transaction against the queue manager (the store):
+
+- Transaction 0 (``prepare``): remember the request it is about to submit as the session's
+  LastRequest, so that after a crash it can tell "never submitted" (state A) apart.
+- Transaction 1 (``enqueue``): put the request in the request queue and set the session's
+  LastEnqueuedID, atomically.
+- Transaction 3 (``take_reply``): take the reply from the client's private reply queue, set
+  LastDequeuedID and run the client's reply handler, atomically.
+
+Transaction 2 is the server's (``homing.sessions.Server``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from homing._failpoints import failpoint
+from homing.clock import Clock
+from homing.database import Database, Transaction
+from homing.errors import ConfigurationError, InvalidArgument, InvalidState
+from homing.ids import uuid7
+from homing.jobs import check_seconds
+from homing.sessions._model import (
+    ACTIONS,
+    DEFAULT_KEEP_REPLIES,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_RETENTION_S,
+    MEANINGS,
+    DuplicateRequest,
+    NotDequeued,
+    Recovery,
+    Reply,
+    Request,
+    RequestNotFound,
+    RequestRecord,
+    RequestStatus,
+    SessionInfo,
+    SessionNotFound,
+    State,
+    check_ids,
+    check_keep,
+    check_name,
+    decode,
+    encode_body,
+)
+from homing.store import sessions_queries as q
+from homing.store.protocol import Store, Tx
+
+ReplyHandler = Callable[[Reply, Transaction], None]
+
+
+def _reply_of(row: dict[str, Any]) -> Reply:
+    return Reply(
+        request_id=str(row["id"]),
+        queue=str(row["queue"]),
+        request=decode(row["body"]),
+        body=decode(row["reply"]),
+        error=row["reply_error"],
+        replied_at=float(row["replied_at"]),
+        taken_at=None if row["taken_at"] is None else float(row["taken_at"]),
+    )
+
+
+def _status(
+    request_id: str,
+    state: State,
+    queue: str | None,
+    body: Any,
+    reply: Reply | None = None,
+    note: str | None = None,
+) -> RequestStatus:
+    meaning = MEANINGS[state] + (f" ({note})" if note else "")
+    return RequestStatus(request_id, state, ACTIONS[state], meaning, queue, body, reply)
+
+
+def _row_status(row: dict[str, Any]) -> RequestStatus:
+    state: State = {"queued": "B", "replied": "C", "taken": "D"}[row["state"]]  # type: ignore[assignment]
+    reply = _reply_of(row) if state in ("C", "D") else None
+    return _status(str(row["id"]), state, str(row["queue"]), decode(row["body"]), reply)
+
+
+class Sessions:
+    """The queue manager's side of client sessions, on one homing store.
+
+    ``keep_replies`` is the default n of "the last n replies dequeued" a session remembers
+    until the client confirms them; ``retention`` is how long finished requests stay
+    available to ``lookup`` (then ``gc`` deletes them).
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        *,
+        keep_replies: int = DEFAULT_KEEP_REPLIES,
+        retention: float = DEFAULT_RETENTION_S,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    ) -> None:
+        if not isinstance(db, Database):
+            raise ConfigurationError(
+                f"Sessions needs one homing.Database (homing.connect(url) with one URL), "
+                f"got {type(db).__name__}; sessions do not span shards"
+            )
+        self.db = db
+        self.store: Store = db.store
+        keep = check_keep(keep_replies)
+        assert keep is not None
+        self.keep_replies = keep
+        self.retention = check_seconds("retention", retention, allow_zero=True)
+        if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int):
+            raise InvalidArgument(f"max_body_bytes must be an integer, got {max_body_bytes!r}")
+        if max_body_bytes < 2:
+            raise InvalidArgument(f"max_body_bytes must be at least 2, got {max_body_bytes!r}")
+        self.max_body_bytes = max_body_bytes
+
+    @property
+    def clock(self) -> Clock:
+        return self.store.clock
+
+    def open(self, client_id: str, *, keep_replies: int | None = None) -> Session:
+        """Open the session of ``client_id``; if it exists, re-establish it (state kept)."""
+        client_id = check_name("client_id", client_id)
+        keep = check_keep(keep_replies)
+        with self.store.transaction() as tx:
+            _, created = q.open_session(
+                tx,
+                client_id,
+                now=self.clock.now(),
+                keep_replies=keep,
+                default_keep=self.keep_replies,
+            )
+        return Session(self, client_id, created=created)
+
+    def attach(self, client_id: str) -> Session:
+        """The existing session of ``client_id`` without counting a reconnect.
+
+        Raises ``SessionNotFound`` if the client never opened one (or closed it).
+        """
+        client_id = check_name("client_id", client_id)
+        with self.store.transaction(write=False) as tx:
+            if q.get_session(tx, client_id) is None:
+                raise _no_session(client_id)
+        return Session(self, client_id, created=False)
+
+    def info(self, client_id: str) -> SessionInfo:
+        """The stored session: LastRequest/LastEnqueuedID/LastDequeuedID and what it tracks."""
+        client_id = check_name("client_id", client_id)
+        with self.store.transaction(write=False) as tx:
+            s = q.get_session(tx, client_id)
+            if s is None:
+                raise _no_session(client_id)
+            rows = q.session_requests(tx, client_id)
+        return SessionInfo(
+            client_id=client_id,
+            created_at=float(s["created_at"]),
+            reconnected_at=float(s["reconnected_at"]),
+            connects=int(s["connects"]),
+            keep_replies=int(s["keep_replies"]),
+            last_request_id=s["last_request_id"],
+            last_enqueued_id=s["last_enqueued_id"],
+            last_dequeued_id=s["last_dequeued_id"],
+            unfinished=[str(r["id"]) for r in rows if r["state"] != "taken"],
+            dequeued=[str(r["id"]) for r in rows if r["state"] == "taken"],
+        )
+
+    def lookup(self, request_id: str) -> RequestRecord:
+        """Status and reply of any request within the retention period, by id."""
+        request_id = check_name("request id", request_id)
+        with self.store.transaction(write=False) as tx:
+            row = q.get_request(tx, request_id)
+        if row is None:
+            raise RequestNotFound(
+                f"no request {request_id!r}: it was never submitted, or it finished more than "
+                f"the retention period ({self.retention:g}s) ago and was deleted"
+            )
+        return RequestRecord(
+            id=str(row["id"]),
+            client_id=str(row["client_id"]),
+            queue=str(row["queue"]),
+            state=str(row["state"]),
+            body=decode(row["body"]),
+            reply=decode(row["reply"]),
+            error=row["reply_error"],
+            attempts=int(row["attempts"]),
+            last_error=row["last_error"],
+            server=row["server"],
+            created_at=float(row["created_at"]),
+            replied_at=row["replied_at"],
+            taken_at=row["taken_at"],
+            confirmed_at=row["confirmed_at"],
+        )
+
+    def gc(self, *, older_than: float | None = None) -> int:
+        """Delete requests whose reply was taken more than ``older_than`` (default: the
+        retention) seconds ago and that no session still remembers; returns how many."""
+        keep = (
+            self.retention
+            if older_than is None
+            else check_seconds("older_than", older_than, allow_zero=True)
+        )
+        with self.store.transaction() as tx:
+            return q.gc(tx, taken_before=self.clock.now() - keep)
+
+    def queue_depths(self) -> list[tuple[str, str, int]]:
+        """(queue, state, count) of requests not yet taken: queued and replied."""
+        with self.store.transaction(write=False) as tx:
+            return q.queue_depths(tx)
+
+
+def _no_session(client_id: str) -> SessionNotFound:
+    return SessionNotFound(
+        f"no session for client {client_id!r}; open one with Sessions.open(client_id) "
+        "(POST /clients/{client_id}/session over HTTP)"
+    )
+
+
+class Session:
+    """One client's persistent session; cheap to create, all state lives in the store.
+
+    ``created`` is False when ``open`` re-established an existing session.
+    """
+
+    def __init__(self, sessions: Sessions, client_id: str, *, created: bool) -> None:
+        self.sessions = sessions
+        self.client_id = client_id
+        self.created = created
+
+    @property
+    def reestablished(self) -> bool:
+        return not self.created
+
+    def __repr__(self) -> str:
+        return f"<homing.sessions.Session {self.client_id!r}>"
+
+    @property
+    def _store(self) -> Store:
+        return self.sessions.store
+
+    def _lock(self, tx: Tx) -> dict[str, Any]:
+        s = q.lock_session(tx, self.client_id)
+        if s is None:
+            raise _no_session(self.client_id)
+        return s
+
+    def info(self) -> SessionInfo:
+        return self.sessions.info(self.client_id)
+
+    # -- Transactions 0 and 1 ------------------------------------------------------------
+    def _new_request(self, queue: str, body: Any, request_id: str | None) -> tuple[Request, str]:
+        queue = check_name("queue", queue)
+        rid = uuid7() if request_id is None else check_name("request id", request_id)
+        text = encode_body("request body", body, self.sessions.max_body_bytes)
+        return Request(rid, queue, body), text
+
+    def prepare(self, queue: str, body: Any, *, request_id: str | None = None) -> Request:
+        """Transaction 0: record the request as the session's LastRequest, not yet submitted.
+
+        After a crash before ``enqueue``, ``recover()`` reports it in state A with its body.
+        """
+        request, text = self._new_request(queue, body, request_id)
+        with self._store.transaction() as tx:
+            self._lock(tx)
+            existing = q.get_request(tx, request.id)
+            if existing is not None:
+                raise self._duplicate(existing)
+            q.set_last_request(
+                tx, self.client_id, request.id, request.queue, text, self.sessions.clock.now()
+            )
+        failpoint("sessions.after_request_prepared")
+        return request
+
+    def enqueue(self, request: Request) -> Request:
+        """Transaction 1: enqueue the request and set LastEnqueuedID, atomically.
+
+        Joins the caller's open transaction if there is one (transactional enqueue with the
+        client's own writes). Raises ``DuplicateRequest`` if this id was enqueued before.
+        """
+        if not isinstance(request, Request):
+            raise InvalidArgument(f"enqueue takes a Request (from prepare), got {request!r}")
+        checked, text = self._new_request(request.queue, request.body, request.id)
+        with self._store.transaction() as tx:
+            self._lock(tx)
+            if not q.insert_request(
+                tx,
+                request_id=checked.id,
+                client_id=self.client_id,
+                queue=checked.queue,
+                body=text,
+                now=self.sessions.clock.now(),
+            ):
+                existing = q.get_request(tx, checked.id)
+                assert existing is not None
+                raise self._duplicate(existing)
+            q.set_last_enqueued(tx, self.client_id, checked.id)
+        failpoint("sessions.after_request_enqueued")
+        return checked
+
+    def submit(
+        self, queue: str, body: Any, *, request_id: str | None = None, remember: bool = True
+    ) -> Request:
+        """Submit a request: Transaction 0 then Transaction 1. Returns it (with its id).
+
+        ``remember=False`` skips Transaction 0, for a client that keeps its LastRequest in
+        its own store and passes it to ``recover(last_request_id=...)``.
+        """
+        if remember:
+            request = self.prepare(queue, body, request_id=request_id)
+        else:
+            request, _ = self._new_request(queue, body, request_id)
+        return self.enqueue(request)
+
+    def _duplicate(self, row: dict[str, Any]) -> DuplicateRequest:
+        owner = "this client" if row["client_id"] == self.client_id else "another client"
+        return DuplicateRequest(
+            f"request {row['id']!r} was already submitted by {owner} (it is {row['state']}); "
+            "it was not enqueued again. Use a new id for a new request, or recover() to see "
+            "what to do with this one"
+        )
+
+    def resubmit(self) -> Request:
+        """State A: enqueue the session's LastRequest, which never reached the queue."""
+        with self._store.transaction(write=False) as tx:
+            s = q.get_session(tx, self.client_id)
+        if s is None:
+            raise _no_session(self.client_id)
+        if s["last_request_id"] is None:
+            raise InvalidState(
+                f"client {self.client_id!r} has no unsubmitted request to resubmit; "
+                "recover() shows the state of its requests"
+            )
+        request = Request(
+            str(s["last_request_id"]), str(s["last_request_queue"]), decode(s["last_request_body"])
+        )
+        return self.enqueue(request)
+
+    def drop(self) -> Request:
+        """State A: forget the session's unsubmitted LastRequest instead of resubmitting it."""
+        with self._store.transaction() as tx:
+            s = self._lock(tx)
+            rid = s["last_request_id"]
+            if rid is None:
+                raise InvalidState(f"client {self.client_id!r} has no unsubmitted request to drop")
+            if q.get_request(tx, str(rid)) is not None:
+                raise InvalidState(
+                    f"request {rid!r} was submitted already and cannot be dropped; "
+                    "wait for its reply (recover() tells its state)"
+                )
+            q.set_last_request(tx, self.client_id, None, None, None, self.sessions.clock.now())
+        return Request(str(rid), str(s["last_request_queue"]), decode(s["last_request_body"]))
+
+    # -- Transaction 3 -------------------------------------------------------------------
+    def peek_reply(self, *, request_id: str | None = None) -> Reply | None:
+        """The next reply (or the reply to ``request_id``) without taking it."""
+        if request_id is not None:
+            request_id = check_name("request id", request_id)
+        with self._store.transaction(write=False) as tx:
+            if q.get_session(tx, self.client_id) is None:
+                raise _no_session(self.client_id)
+            row = q.next_reply(tx, self.client_id, request_id)
+        return None if row is None else _reply_of(row)
+
+    def take_reply(
+        self,
+        handler: ReplyHandler | None = None,
+        *,
+        request_id: str | None = None,
+        timeout: float = 0.0,
+    ) -> Reply | None:
+        """Transaction 3: take the oldest reply (or the one to ``request_id``) and run
+        ``handler(reply, txn)`` in the same transaction, then commit both.
+
+        The handler's writes through ``txn`` (``txn.connection``, ``txn.tx.execute``, the
+        job API on ``txn``) commit with the dequeue, so the reply is processed exactly once.
+        If the handler raises, nothing is taken. Waits up to ``timeout`` seconds for a reply;
+        returns None if there is none.
+        """
+        if request_id is not None:
+            request_id = check_name("request id", request_id)
+        timeout = check_seconds("timeout", timeout, allow_zero=True)
+        deadline = time.monotonic() + timeout
+        while True:
+            reply = self._take_once(handler, request_id)
+            if reply is not None:
+                return reply
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            poll = 0.01 if self._store.dialect == "sqlite" else 0.2
+            self._store.wait_for_notification(q.REPLY_CHANNEL, min(remaining, poll))
+
+    def _take_once(self, handler: ReplyHandler | None, request_id: str | None) -> Reply | None:
+        with self.sessions.db.transaction() as txn:
+            tx = txn.tx
+            s = self._lock(tx)
+            row = q.next_reply(tx, self.client_id, request_id)
+            if row is None:
+                return None
+            now = self.sessions.clock.now()
+            if not q.take_reply(tx, str(row["id"]), now=now):
+                return None  # pragma: no cover - the row is locked by next_reply
+            q.set_last_dequeued(tx, self.client_id, str(row["id"]))
+            q.trim_remembered(tx, self.client_id, int(s["keep_replies"]))
+            reply = _reply_of({**row, "taken_at": now})
+            if handler is not None:
+                handler(reply, txn)
+            failpoint("sessions.client_before_reply_commit")
+        failpoint("sessions.after_reply_dequeued")
+        return reply
+
+    def confirm(self, request_ids: Iterable[str]) -> int:
+        """Tell the queue manager these replies are durably recorded by the client, so the
+        session may forget them. All or nothing: an id whose reply this client never
+        dequeued raises ``NotDequeued`` and nothing changes. Returns how many were forgotten.
+        """
+        ids = check_ids(list(request_ids) if not isinstance(request_ids, str) else request_ids)
+        with self._store.transaction() as tx:
+            self._lock(tx)
+            rows = {str(r["id"]): r for r in q.get_requests(tx, ids)}
+            bad = [
+                i
+                for i in ids
+                if i not in rows
+                or rows[i]["client_id"] != self.client_id
+                or rows[i]["state"] != "taken"
+            ]
+            if bad:
+                raise NotDequeued(
+                    f"client {self.client_id!r} never dequeued a reply to {bad[:5]!r}"
+                    + (f" (and {len(bad) - 5} more)" if len(bad) > 5 else "")
+                    + "; confirm only ids of replies taken with take_reply; nothing was confirmed"
+                )
+            return q.confirm_replies(tx, self.client_id, ids, now=self.sessions.clock.now())
+
+    # -- recovery ------------------------------------------------------------------------
+    def recover(self, *, last_request_id: str | None = None) -> Recovery:
+        """Which of the seed's states A-D each request is in, and what to do.
+
+        The last request is the session's LastRequest (kept by ``prepare``), or
+        ``last_request_id`` when the client keeps LastRequest in its own store. Its state
+        follows the seed's rules: LastRequest.ID != LastEnqueuedID -> A (resubmit or drop);
+        LastRequest.ID = LastDequeuedID -> D (continue); its reply waiting in the reply
+        queue -> C (process it now); otherwise B (wait).
+        """
+        if last_request_id is not None:
+            last_request_id = check_name("last_request_id", last_request_id)
+        with self._store.transaction(write=False) as tx:
+            s = q.get_session(tx, self.client_id)
+            if s is None:
+                raise _no_session(self.client_id)
+            rows = q.session_requests(tx, self.client_id)
+            last_id = last_request_id or s["last_request_id"] or s["last_enqueued_id"]
+            by_id = {str(r["id"]): r for r in rows}
+            last_row = None
+            if last_id is not None:
+                last_row = by_id.get(str(last_id)) or q.get_request(tx, str(last_id))
+        statuses = [_row_status(r) for r in rows]
+        last: RequestStatus | None = None
+        if last_id is not None:
+            last = self._last_status(s, str(last_id), last_row, last_request_id is not None)
+            if last.state == "A":
+                statuses.append(last)
+        return Recovery(
+            client_id=self.client_id,
+            last_request_id=None if last_id is None else str(last_id),
+            last_enqueued_id=s["last_enqueued_id"],
+            last_dequeued_id=s["last_dequeued_id"],
+            last=last,
+            requests=statuses,
+        )
+
+    def _last_status(
+        self, s: dict[str, Any], last_id: str, row: dict[str, Any] | None, client_kept: bool
+    ) -> RequestStatus:
+        if row is not None and row["client_id"] != self.client_id:
+            raise InvalidArgument(
+                f"request {last_id!r} belongs to another client, not {self.client_id!r}"
+            )
+        if last_id != s["last_enqueued_id"] and row is None:
+            own = s["last_request_id"] == last_id and not client_kept
+            return _status(
+                last_id,
+                "A",
+                s["last_request_queue"] if own else None,
+                decode(s["last_request_body"]) if own else None,
+            )
+        if last_id == s["last_dequeued_id"]:
+            return _status(
+                last_id,
+                "D",
+                None if row is None else str(row["queue"]),
+                None if row is None else decode(row["body"]),
+                None if row is None else _reply_of(row),
+            )
+        if row is None:  # enqueued once, and its record has passed the retention period
+            return _status(last_id, "D", None, None, None, "its record passed the retention")
+        return _row_status(row)
+
+    def close(self) -> None:
+        """End the session: the queue manager forgets the client. Refused while the client
+        has requests not yet answered and taken."""
+        with self._store.transaction() as tx:
+            self._lock(tx)
+            open_count = q.count_open_requests(tx, self.client_id)
+            if open_count:
+                raise InvalidState(
+                    f"client {self.client_id!r} has {open_count} request(s) not yet answered "
+                    "and taken; take their replies before closing the session"
+                )
+            q.forget_client(tx, self.client_id)
+            q.delete_session(tx, self.client_id)

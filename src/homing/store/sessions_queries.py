@@ -1,0 +1,322 @@
+"""Every SQL statement of the sessions component (seed 004), as functions over an open ``Tx``.
+
+One row of ``homing_session_requests`` is a request for its whole life: ``queued`` (in the
+request queue) -> ``replied`` (in the client's private reply queue) -> ``taken``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from homing.store.protocol import Tx
+
+SESSION_COLUMNS = (
+    "client_id",
+    "created_at",
+    "reconnected_at",
+    "connects",
+    "keep_replies",
+    "last_request_id",
+    "last_request_queue",
+    "last_request_body",
+    "last_request_at",
+    "last_enqueued_id",
+    "last_dequeued_id",
+)
+REQUEST_COLUMNS = (
+    "seq",
+    "id",
+    "client_id",
+    "queue",
+    "body",
+    "state",
+    "attempts",
+    "available_at",
+    "last_error",
+    "reply",
+    "reply_error",
+    "server",
+    "created_at",
+    "replied_at",
+    "taken_at",
+    "confirmed_at",
+    "remembered",
+)
+_S_COLS = ", ".join(SESSION_COLUMNS)
+_R_COLS = ", ".join(REQUEST_COLUMNS)
+
+REQUEST_CHANNEL = "homing_session_requests"
+REPLY_CHANNEL = "homing_session_replies"
+
+
+def _session(values: Sequence[Any] | None) -> dict[str, Any] | None:
+    return None if values is None else dict(zip(SESSION_COLUMNS, values, strict=True))
+
+
+def _request(values: Sequence[Any] | None) -> dict[str, Any] | None:
+    return None if values is None else dict(zip(REQUEST_COLUMNS, values, strict=True))
+
+
+def _notify(tx: Tx, channel: str) -> None:
+    if tx.dialect == "postgres":
+        schema = getattr(tx.store, "schema", None)
+        tx.execute("SELECT pg_notify(?, '')", (f"{schema}_{channel}" if schema else channel,))
+
+
+# -- sessions ----------------------------------------------------------------------------
+def open_session(
+    tx: Tx, client_id: str, *, now: float, keep_replies: int | None, default_keep: int
+) -> tuple[dict[str, Any], bool]:
+    """Create the client's session or re-establish the existing one; True if created."""
+    created = (
+        tx.rowcount(
+            "INSERT INTO homing_sessions (client_id, created_at, reconnected_at, connects, "
+            "keep_replies) VALUES (?, ?, ?, 1, ?) ON CONFLICT (client_id) DO NOTHING",
+            (client_id, now, now, default_keep if keep_replies is None else keep_replies),
+        )
+        == 1
+    )
+    if not created:
+        tx.execute(
+            "UPDATE homing_sessions SET connects = connects + 1, reconnected_at = ?, "
+            "keep_replies = COALESCE(?, keep_replies) WHERE client_id = ?",
+            (now, keep_replies, client_id),
+        )
+    row = get_session(tx, client_id)
+    assert row is not None
+    return row, created
+
+
+def get_session(tx: Tx, client_id: str) -> dict[str, Any] | None:
+    return _session(
+        tx.query_one(f"SELECT {_S_COLS} FROM homing_sessions WHERE client_id = ?", (client_id,))
+    )
+
+
+def lock_session(tx: Tx, client_id: str) -> dict[str, Any] | None:
+    """Read the session and hold its row until commit, so one client's steps serialise."""
+    suffix = " FOR UPDATE" if tx.dialect == "postgres" else ""
+    return _session(
+        tx.query_one(
+            f"SELECT {_S_COLS} FROM homing_sessions WHERE client_id = ?{suffix}", (client_id,)
+        )
+    )
+
+
+def set_last_request(
+    tx: Tx, client_id: str, request_id: str | None, queue: str | None, body: str | None, now: float
+) -> bool:
+    """Transaction 0: remember the request the client is about to submit (or forget it)."""
+    return (
+        tx.rowcount(
+            "UPDATE homing_sessions SET last_request_id = ?, last_request_queue = ?, "
+            "last_request_body = ?, last_request_at = ? WHERE client_id = ?",
+            (request_id, queue, body, now if request_id is not None else None, client_id),
+        )
+        == 1
+    )
+
+
+def set_last_enqueued(tx: Tx, client_id: str, request_id: str) -> None:
+    tx.execute(
+        "UPDATE homing_sessions SET last_enqueued_id = ? WHERE client_id = ?",
+        (request_id, client_id),
+    )
+
+
+def set_last_dequeued(tx: Tx, client_id: str, request_id: str) -> None:
+    tx.execute(
+        "UPDATE homing_sessions SET last_dequeued_id = ? WHERE client_id = ?",
+        (request_id, client_id),
+    )
+
+
+def delete_session(tx: Tx, client_id: str) -> bool:
+    return tx.rowcount("DELETE FROM homing_sessions WHERE client_id = ?", (client_id,)) == 1
+
+
+def count_open_requests(tx: Tx, client_id: str) -> int:
+    row = tx.query_one(
+        "SELECT COUNT(*) FROM homing_session_requests WHERE client_id = ? AND state <> 'taken'",
+        (client_id,),
+    )
+    return int(row[0]) if row else 0
+
+
+def forget_client(tx: Tx, client_id: str) -> None:
+    tx.execute(
+        "UPDATE homing_session_requests SET remembered = 0 WHERE client_id = ? AND remembered = 1",
+        (client_id,),
+    )
+
+
+# -- requests (Transaction 1) ------------------------------------------------------------
+def insert_request(
+    tx: Tx, *, request_id: str, client_id: str, queue: str, body: str, now: float
+) -> bool:
+    """Enqueue a request; False if a request with this id exists already (nothing written)."""
+    inserted = (
+        tx.rowcount(
+            "INSERT INTO homing_session_requests (id, client_id, queue, body, state, "
+            "available_at, created_at) VALUES (?, ?, ?, ?, 'queued', ?, ?) "
+            "ON CONFLICT (id) DO NOTHING",
+            (request_id, client_id, queue, body, now, now),
+        )
+        == 1
+    )
+    if inserted:
+        _notify(tx, REQUEST_CHANNEL)
+    return inserted
+
+
+def get_request(tx: Tx, request_id: str) -> dict[str, Any] | None:
+    return _request(
+        tx.query_one(f"SELECT {_R_COLS} FROM homing_session_requests WHERE id = ?", (request_id,))
+    )
+
+
+def get_requests(tx: Tx, request_ids: Sequence[str]) -> list[dict[str, Any]]:
+    if not request_ids:
+        return []
+    marks = ", ".join("?" for _ in request_ids)
+    rows = tx.query(
+        f"SELECT {_R_COLS} FROM homing_session_requests WHERE id IN ({marks})", list(request_ids)
+    )
+    return [r for r in (_request(v) for v in rows) if r is not None]
+
+
+def session_requests(tx: Tx, client_id: str) -> list[dict[str, Any]]:
+    """What the session remembers: every unfinished request and the last n replies taken."""
+    rows = tx.query(
+        f"SELECT {_R_COLS} FROM homing_session_requests WHERE client_id = ? "
+        "AND (state <> 'taken' OR remembered = 1) ORDER BY seq",
+        (client_id,),
+    )
+    return [r for r in (_request(v) for v in rows) if r is not None]
+
+
+# -- server (Transaction 2) --------------------------------------------------------------
+def next_request(tx: Tx, queues: Sequence[str], *, now: float) -> dict[str, Any] | None:
+    """The oldest due request of ``queues``, locked until commit (others skip it)."""
+    if tx.dialect == "postgres":
+        row = tx.query_one(
+            f"SELECT {_R_COLS} FROM homing_session_requests WHERE queue = ANY(?) "
+            "AND state = 'queued' AND available_at <= ? ORDER BY available_at, seq LIMIT 1 "
+            "FOR UPDATE SKIP LOCKED",
+            (list(queues), now),
+        )
+    else:  # BEGIN IMMEDIATE already holds SQLite's write lock
+        marks = ", ".join("?" for _ in queues)
+        row = tx.query_one(
+            f"SELECT {_R_COLS} FROM homing_session_requests WHERE queue IN ({marks}) "
+            "AND state = 'queued' AND available_at <= ? ORDER BY available_at, seq LIMIT 1",
+            (*queues, now),
+        )
+    return _request(row)
+
+
+def enqueue_reply(
+    tx: Tx,
+    request_id: str,
+    *,
+    reply: str | None,
+    error: str | None,
+    now: float,
+    server: str,
+    count_attempt: bool,
+) -> bool:
+    """Move the request from the request queue to its client's reply queue."""
+    inserted = (
+        tx.rowcount(
+            "UPDATE homing_session_requests SET state = 'replied', reply = ?, reply_error = ?, "
+            "replied_at = ?, server = ?, attempts = attempts + ? WHERE id = ? AND state = 'queued'",
+            (reply, error, now, server, 1 if count_attempt else 0, request_id),
+        )
+        == 1
+    )
+    if inserted:
+        _notify(tx, REPLY_CHANNEL)
+    return inserted
+
+
+def postpone_request(tx: Tx, request_id: str, *, error: str, available_at: float) -> int:
+    """Record a failed attempt and make the request due again later; returns attempts."""
+    row = tx.query_one(
+        "UPDATE homing_session_requests SET attempts = attempts + 1, last_error = ?, "
+        "available_at = ? WHERE id = ? AND state = 'queued' RETURNING attempts",
+        (error, available_at, request_id),
+    )
+    return int(row[0]) if row else 0
+
+
+# -- client (Transaction 3) --------------------------------------------------------------
+def next_reply(tx: Tx, client_id: str, request_id: str | None) -> dict[str, Any] | None:
+    """The client's oldest reply (or the reply to ``request_id``), locked until commit."""
+    lock = " FOR UPDATE SKIP LOCKED" if tx.dialect == "postgres" else ""
+    if request_id is None:
+        row = tx.query_one(
+            f"SELECT {_R_COLS} FROM homing_session_requests WHERE client_id = ? "
+            f"AND state = 'replied' ORDER BY replied_at, seq LIMIT 1{lock}",
+            (client_id,),
+        )
+    else:
+        row = tx.query_one(
+            f"SELECT {_R_COLS} FROM homing_session_requests WHERE client_id = ? AND id = ? "
+            f"AND state = 'replied'{lock}",
+            (client_id, request_id),
+        )
+    return _request(row)
+
+
+def take_reply(tx: Tx, request_id: str, *, now: float) -> bool:
+    return (
+        tx.rowcount(
+            "UPDATE homing_session_requests SET state = 'taken', taken_at = ?, remembered = 1 "
+            "WHERE id = ? AND state = 'replied'",
+            (now, request_id),
+        )
+        == 1
+    )
+
+
+def trim_remembered(tx: Tx, client_id: str, keep: int) -> None:
+    """Let the session remember only the last ``keep`` replies taken and not confirmed."""
+    tx.execute(
+        "UPDATE homing_session_requests SET remembered = 0 WHERE client_id = ? "
+        "AND remembered = 1 AND seq NOT IN (SELECT seq FROM homing_session_requests "
+        "WHERE client_id = ? AND remembered = 1 ORDER BY taken_at DESC, seq DESC LIMIT ?)",
+        (client_id, client_id, keep),
+    )
+
+
+def confirm_replies(tx: Tx, client_id: str, request_ids: Sequence[str], *, now: float) -> int:
+    """The client has its own durable record of these replies: the session forgets them."""
+    if not request_ids:
+        return 0
+    marks = ", ".join("?" for _ in request_ids)
+    return tx.rowcount(
+        "UPDATE homing_session_requests SET remembered = 0, "
+        "confirmed_at = COALESCE(confirmed_at, ?) "
+        f"WHERE client_id = ? AND state = 'taken' AND id IN ({marks})",
+        (now, client_id, *request_ids),
+    )
+
+
+# -- retention ---------------------------------------------------------------------------
+def gc(tx: Tx, *, taken_before: float) -> int:
+    """Delete finished requests (reply taken, no longer remembered) taken before the cutoff."""
+    return tx.rowcount(
+        "DELETE FROM homing_session_requests WHERE state = 'taken' AND remembered = 0 "
+        "AND taken_at < ?",
+        (taken_before,),
+    )
+
+
+def queue_depths(tx: Tx) -> list[tuple[str, str, int]]:
+    """(queue, state, count) for requests not yet taken, for ``homing sessions`` stats."""
+    rows = tx.query(
+        "SELECT queue, state, COUNT(*) FROM homing_session_requests WHERE state <> 'taken' "
+        "GROUP BY queue, state ORDER BY queue, state"
+    )
+    return [(str(q), str(s), int(n)) for q, s, n in rows]
