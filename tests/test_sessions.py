@@ -1,0 +1,359 @@
+"""homing.sessions on both backends: request/reply, sessions, recover() rules, lookup, bad input."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import homing
+from homing.sessions import (
+    DuplicateRequest,
+    NotDequeued,
+    Reply,
+    Request,
+    RequestNotFound,
+    Server,
+    SessionNotFound,
+    Sessions,
+)
+
+
+def double(request: Request, txn: homing.Transaction) -> Any:
+    return {"n": request.body["n"] * 2}
+
+
+def test_round_trip_in_three_transactions(db: homing.Database) -> None:
+    sessions = Sessions(db)
+    session = sessions.open("client-1")
+    assert session.created
+    request = session.submit("math", {"n": 21})
+    assert homing.ids.is_uuid(request.id)
+    info = session.info()
+    assert info.last_request_id == info.last_enqueued_id == request.id
+    assert info.last_dequeued_id is None and info.unfinished == [request.id]
+
+    assert session.take_reply() is None  # nothing answered yet
+    assert Server(db, "math", double).run(until_idle=True) == 1
+    peeked = session.peek_reply()
+    assert peeked is not None and peeked.body == {"n": 42}
+    reply = session.take_reply()
+    assert reply is not None and reply.ok and reply.body == {"n": 42}
+    assert reply.request == {"n": 21} and reply.request_id == request.id
+    assert session.take_reply() is None  # taken once
+    info = session.info()
+    assert info.last_dequeued_id == request.id and info.unfinished == []
+    assert info.dequeued == [request.id]
+
+
+def test_reconnect_reestablishes_the_session(db: homing.Database, open_db: Any) -> None:
+    first = Sessions(db).open("client-1")
+    request = first.submit("q", {"n": 1})
+    other = Sessions(open_db(clock=db.clock)).open("client-1")  # "another process, later"
+    assert other.reestablished
+    info = other.info()
+    assert info.connects == 2 and info.last_enqueued_id == request.id
+    assert other.recover().last is not None
+    assert other.recover().last.state == "B"  # type: ignore[union-attr]
+
+
+def test_server_handler_writes_commit_with_the_reply(db: homing.Database) -> None:
+    with db.store.transaction() as tx:
+        tx.execute("CREATE TABLE effects (request_id TEXT, kind TEXT)")
+
+    def handler(request: Request, txn: homing.Transaction) -> Any:
+        txn.tx.execute(
+            "INSERT INTO effects (request_id, kind) VALUES (?, 'processed')", (request.id,)
+        )
+        txn.insert("audit", {"request": request.id})  # the job API in the same transaction
+        return "ok"
+
+    session = Sessions(db).open("c")
+    request = session.submit("q", None)
+    Server(db, "q", handler).run(until_idle=True)
+
+    def on_reply(reply: Reply, txn: homing.Transaction) -> None:
+        txn.tx.execute(
+            "INSERT INTO effects (request_id, kind) VALUES (?, 'reply')", (reply.request_id,)
+        )
+
+    assert session.take_reply(on_reply) is not None
+    with db.store.transaction() as tx:
+        rows = sorted(tx.query("SELECT request_id, kind FROM effects"))
+    assert rows == [(request.id, "processed"), (request.id, "reply")]
+    assert db.grab("audit", lock_for=10) is not None
+
+
+def test_a_failing_reply_handler_takes_nothing(db: homing.Database) -> None:
+    session = Sessions(db).open("c")
+    session.submit("q", 1)
+    Server(db, "q", lambda r, t: r.body + 1).run(until_idle=True)
+
+    def boom(reply: Reply, txn: homing.Transaction) -> None:
+        raise RuntimeError("client could not record the reply")
+
+    with pytest.raises(RuntimeError):
+        session.take_reply(boom)
+    rec = session.recover()
+    assert rec.last is not None and rec.last.state == "C"
+    reply = session.take_reply()
+    assert reply is not None and reply.body == 2
+
+
+def test_handler_failures_retry_then_answer_with_an_error(
+    db: homing.Database, clock: homing.ManualClock
+) -> None:
+    calls: list[str] = []
+
+    def flaky(request: Request, txn: homing.Transaction) -> Any:
+        calls.append(request.id)
+        txn.tx.execute("CREATE TABLE IF NOT EXISTS side (x TEXT)")
+        txn.tx.execute("INSERT INTO side (x) VALUES ('rolled back')")
+        raise ValueError("downstream said no")
+
+    session = Sessions(db).open("c")
+    request = session.submit("q", {})
+    server = Server(db, "q", flaky, max_attempts=3, retry_in=10)
+    assert server.process_one()
+    assert not server.process_one()  # backing off
+    record = Sessions(db).lookup(request.id)
+    assert record.state == "queued" and record.attempts == 1
+    assert record.last_error is not None and "downstream said no" in record.last_error
+    clock.advance(10)
+    assert server.process_one()
+    clock.advance(20)
+    assert server.process_one()  # third failure: give up, answer with an error
+    reply = session.take_reply()
+    assert reply is not None and not reply.ok and reply.body is None
+    assert reply.error is not None and "gave up after 3 attempts" in reply.error
+    assert len(calls) == 3
+
+
+def test_permanent_failure_answers_at_once(db: homing.Database) -> None:
+    def refuse(request: Request, txn: homing.Transaction) -> Any:
+        raise homing.PermanentFailure("no such account")
+
+    session = Sessions(db).open("c")
+    session.submit("q", {})
+    Server(db, "q", refuse).run(until_idle=True)
+    reply = session.take_reply()
+    assert reply is not None and reply.error is not None
+    assert reply.error.startswith("permanent failure") and "no such account" in reply.error
+
+
+def test_reply_queues_are_private_and_ordered(db: homing.Database) -> None:
+    sessions = Sessions(db)
+    a, b = sessions.open("a"), sessions.open("b")
+    ra = [a.submit("q", i).id for i in range(3)]
+    rb = b.submit("q", 99).id
+    Server(db, "q", lambda r, t: r.body).run(until_idle=True)
+    got = [a.take_reply() for _ in range(4)]
+    assert [r.request_id for r in got if r] == ra and got[3] is None
+    only_b = b.take_reply()
+    assert only_b is not None and only_b.request_id == rb
+
+
+def test_take_a_chosen_reply(db: homing.Database) -> None:
+    session = Sessions(db).open("c")
+    ids = [session.submit("q", i).id for i in range(3)]
+    Server(db, "q", lambda r, t: r.body).run(until_idle=True)
+    reply = session.take_reply(request_id=ids[2])
+    assert reply is not None and reply.body == 2
+    assert session.take_reply(request_id=ids[2]) is None
+
+
+# -- recover(): the seed's four states ---------------------------------------------------
+def test_state_a_when_transaction_1_never_ran(db: homing.Database) -> None:
+    session = Sessions(db).open("c")
+    prepared = session.prepare("q", {"order": 7})  # Transaction 0 only: then a "crash"
+    rec = session.recover()
+    assert rec.last is not None and rec.last.state == "A"
+    assert rec.last.action == "resubmit_or_drop" and rec.last.body == {"order": 7}
+    assert rec.last_request_id == prepared.id != rec.last_enqueued_id
+    assert [s.state for s in rec.requests] == ["A"]
+    again = session.resubmit()
+    assert again == prepared
+    assert session.recover().last.state == "B"  # type: ignore[union-attr]
+    with pytest.raises(DuplicateRequest):
+        session.resubmit()  # enqueued now: not twice
+
+
+def test_state_a_drop(db: homing.Database) -> None:
+    session = Sessions(db).open("c")
+    first = session.submit("q", 1)
+    session.prepare("q", 2)
+    dropped = session.drop()
+    assert dropped.body == 2
+    rec = session.recover()
+    assert rec.last is not None and rec.last.request_id == first.id and rec.last.state == "B"
+    with pytest.raises(homing.InvalidState):
+        session.drop()
+
+
+def test_states_b_c_d(db: homing.Database) -> None:
+    session = Sessions(db).open("c")
+    request = session.submit("q", 5)
+    rec = session.recover()
+    assert rec.last is not None and (rec.last.state, rec.last.action) == ("B", "wait")
+    Server(db, "q", lambda r, t: r.body + 1).run(until_idle=True)
+    rec = session.recover()
+    assert rec.last is not None and (rec.last.state, rec.last.action) == ("C", "process_reply")
+    assert rec.last.reply is not None and rec.last.reply.body == 6
+    session.take_reply()
+    rec = session.recover()
+    assert rec.last is not None and (rec.last.state, rec.last.action) == ("D", "continue")
+    assert rec.last_dequeued_id == request.id
+    assert [s.state for s in rec.requests] == ["D"]
+
+
+def test_client_kept_last_request(db: homing.Database) -> None:
+    """The client keeps LastRequest in its own store and passes its id to recover()."""
+    session = Sessions(db).open("c")
+    done = session.submit("q", 1, remember=False)
+    assert session.info().last_request_id is None
+    mine = homing.uuid7()  # constructed and saved by the client, then a crash before T1
+    rec = session.recover(last_request_id=mine)
+    assert rec.last is not None and rec.last.state == "A" and rec.last.body is None
+    rec = session.recover(last_request_id=done.id)
+    assert rec.last is not None and rec.last.state == "B"
+    session.submit("q", 2, request_id=mine, remember=False)
+    Server(db, "q", lambda r, t: r.body).run(until_idle=True)
+    assert session.recover(last_request_id=mine).last.state == "C"  # type: ignore[union-attr]
+
+
+def test_many_outstanding_requests(db: homing.Database) -> None:
+    session = Sessions(db, keep_replies=3).open("c")
+    ids = [session.submit("q", i).id for i in range(8)]
+    server = Server(db, "q", lambda r, t: r.body)
+    for _ in range(5):
+        server.process_one()
+    for _ in range(4):
+        session.take_reply()
+    session.prepare("q", "never sent")
+    rec = session.recover()
+    states = {s.request_id: s.state for s in rec.requests}
+    # replies of 0..3 taken; the session keeps the last 3 of them (n = 3)
+    assert [states.get(i) for i in ids] == [None, "D", "D", "D", "C", "B", "B", "B"]
+    assert rec.in_state("A")[0].body == "never sent"
+    assert rec.last is not None and rec.last.state == "A"
+    assert session.confirm(ids[1:3]) == 2
+    rec = session.recover()
+    assert [s.request_id for s in rec.in_state("D")] == [ids[3]]
+    assert session.info().unfinished == ids[4:]
+    assert Sessions(db).lookup(ids[0]).state == "taken"  # forgotten by the session, not by lookup
+
+
+def test_lookup_and_retention(db: homing.Database, clock: homing.ManualClock) -> None:
+    sessions = Sessions(db, retention=3600)
+    session = sessions.open("c")
+    request = session.submit("q", {"x": 1})
+    Server(db, "q", lambda r, t: {"y": 2}).run(until_idle=True)
+    record = sessions.lookup(request.id)
+    assert (record.state, record.reply, record.client_id) == ("replied", {"y": 2}, "c")
+    session.take_reply()
+    session.confirm([request.id])
+    clock.advance(3599)
+    assert sessions.gc() == 0
+    clock.advance(2)
+    assert sessions.gc() == 1
+    with pytest.raises(RequestNotFound, match="retention"):
+        sessions.lookup(request.id)
+
+
+def test_remembered_replies_survive_gc_until_confirmed(
+    db: homing.Database, clock: homing.ManualClock
+) -> None:
+    sessions = Sessions(db, retention=10)
+    session = sessions.open("c")
+    request = session.submit("q", 1)
+    Server(db, "q", lambda r, t: 1).run(until_idle=True)
+    session.take_reply()
+    clock.advance(100)
+    assert sessions.gc() == 0
+    assert session.recover().last.state == "D"  # type: ignore[union-attr]
+    session.confirm([request.id])
+    assert sessions.gc() == 1
+    assert session.recover().last.state == "D"  # type: ignore[union-attr]
+
+
+# -- bad input ---------------------------------------------------------------------------
+def test_unknown_session(db: homing.Database) -> None:
+    sessions = Sessions(db)
+    with pytest.raises(SessionNotFound, match="open one"):
+        sessions.attach("ghost")
+    with pytest.raises(SessionNotFound):
+        sessions.info("ghost")
+    session = sessions.open("temp")
+    session.close()
+    for call in (
+        lambda: session.submit("q", 1),
+        lambda: session.take_reply(),
+        lambda: session.recover(),
+        lambda: session.confirm([]),
+    ):
+        with pytest.raises(SessionNotFound):
+            call()
+
+
+def test_confirm_of_a_reply_never_dequeued(db: homing.Database) -> None:
+    session = Sessions(db).open("c")
+    other = Sessions(db).open("other")
+    waiting = session.submit("q", 1)
+    Server(db, "q", lambda r, t: 1).run(until_idle=True)
+    mine = session.submit("q", 2)
+    theirs = other.submit("q", 3)
+    Server(db, "q", lambda r, t: 1).run(until_idle=True)
+    other.take_reply()
+    session.take_reply(request_id=mine.id)
+    for bad in ([homing.uuid7()], [waiting.id], [theirs.id], [mine.id, "nope"]):
+        with pytest.raises(NotDequeued, match="never dequeued"):
+            session.confirm(bad)
+    assert session.recover().in_state("D")[0].request_id == mine.id  # nothing confirmed
+    with pytest.raises(homing.InvalidArgument):
+        session.confirm("not-a-list")  # type: ignore[arg-type]
+
+
+def test_duplicate_submit_of_the_same_request_id(db: homing.Database) -> None:
+    session = Sessions(db).open("c")
+    rid = homing.uuid7()
+    session.submit("q", 1, request_id=rid)
+    with pytest.raises(DuplicateRequest, match="already submitted by this client"):
+        session.submit("q", 1, request_id=rid)
+    with pytest.raises(DuplicateRequest, match="another client"):
+        Sessions(db).open("x").submit("q", 1, request_id=rid)
+    assert Server(db, "q", lambda r, t: 1).run(until_idle=True) == 1
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda s: s.open(""), "client_id"),
+        (lambda s: s.open("a\x00b"), "printable"),
+        (lambda s: s.open(5), "client_id"),
+        (lambda s: s.open("c", keep_replies=0), "keep_replies"),
+        (lambda s: s.open("c").submit("", 1), "queue"),
+        (lambda s: s.open("c").submit("q", float("nan")), "JSON"),
+        (lambda s: s.open("c").submit("q", object()), "JSON"),
+        (lambda s: s.open("c").submit("q", 1, request_id=""), "request id"),
+        (lambda s: s.open("c").take_reply(timeout=-1), "timeout"),
+        (lambda s: s.lookup(""), "request id"),
+        (lambda s: s.open("c").resubmit(), "no unsubmitted request"),
+    ],
+)
+def test_bad_input_is_refused_clearly(db: homing.Database, call: Any, match: str) -> None:
+    with pytest.raises(homing.HomingError, match=match):
+        call(Sessions(db))
+
+
+def test_oversize_body(db: homing.Database) -> None:
+    session = Sessions(db, max_body_bytes=100).open("c")
+    with pytest.raises(homing.PayloadTooLarge, match="over the limit"):
+        session.submit("q", "x" * 200)
+    assert session.info().unfinished == [] and session.info().last_request_id is None
+
+
+def test_close_refused_with_open_requests(db: homing.Database) -> None:
+    session = Sessions(db).open("c")
+    session.submit("q", 1)
+    with pytest.raises(homing.InvalidState, match="not yet answered"):
+        session.close()
