@@ -1,7 +1,77 @@
-"""Schema of the http component (none yet)."""
+"""Schema of reliable HTTP messaging (seed 000): the sender's outbox and the receiver's inbox.
+
+Outbox rows move ``pending`` -> ``delivered`` (the tombstone: never sent again) or
+``failed``; a ``job`` row passes through ``accepted`` (the 202 ack) until its result arrives
+at the sender's reply node. ``next_attempt_at`` is set only while a row has work for the
+dispatcher (a delivery or a confirmation ``DELETE``), so one partial index finds all work.
+
+Inbox rows move ``received`` -> ``done`` or ``failed``; the row (its id and body hash) is
+kept for the retention period so that repeats are recognised; the body is dropped once
+handled and the stored response once the sender confirmed it.
+"""
 
 from __future__ import annotations
 
 from homing.store.migrations import Migration
 
-MIGRATIONS: list[Migration] = []
+
+def _tables(real: str, blob: str, serial: str) -> tuple[str, ...]:
+    return (
+        f"""CREATE TABLE homing_http_outbox (
+            seq {serial},
+            id TEXT NOT NULL UNIQUE,
+            kind TEXT NOT NULL CHECK (kind IN ('put', 'send', 'job', 'reply')),
+            method TEXT NOT NULL,
+            url TEXT NOT NULL,
+            content_type TEXT NOT NULL,
+            body {blob} NOT NULL,
+            response_url TEXT,
+            in_reply_to TEXT,
+            reply_status INTEGER,
+            state TEXT NOT NULL CHECK (state IN ('pending', 'accepted', 'delivered', 'failed')),
+            attempts INTEGER NOT NULL DEFAULT 0,
+            next_attempt_at {real},
+            deadline {real} NOT NULL,
+            claim_token TEXT,
+            claimed_until {real},
+            created_at {real} NOT NULL,
+            finished_at {real},
+            last_error TEXT,
+            status INTEGER,
+            resp_content_type TEXT,
+            resp_body {blob},
+            confirm_url TEXT
+        )""",
+        """CREATE INDEX homing_http_outbox_work ON homing_http_outbox (next_attempt_at)
+           WHERE next_attempt_at IS NOT NULL""",
+        """CREATE INDEX homing_http_outbox_finished ON homing_http_outbox (finished_at)
+           WHERE finished_at IS NOT NULL""",
+        f"""CREATE TABLE homing_http_inbox (
+            id TEXT PRIMARY KEY,
+            path TEXT NOT NULL,
+            mode TEXT NOT NULL CHECK (mode IN ('put', 'send', 'job', 'reply')),
+            body_hash TEXT NOT NULL,
+            content_type TEXT NOT NULL,
+            body {blob},
+            response_url TEXT,
+            state TEXT NOT NULL CHECK (state IN ('received', 'done', 'failed')),
+            attempts INTEGER NOT NULL DEFAULT 0,
+            next_attempt_at {real},
+            received_at {real} NOT NULL,
+            finished_at {real},
+            error TEXT,
+            status INTEGER,
+            resp_content_type TEXT,
+            resp_body {blob},
+            confirmed INTEGER NOT NULL DEFAULT 0
+        )""",
+        """CREATE INDEX homing_http_inbox_work ON homing_http_inbox (next_attempt_at)
+           WHERE state = 'received' AND next_attempt_at IS NOT NULL""",
+        "CREATE INDEX homing_http_inbox_received ON homing_http_inbox (received_at)",
+    )
+
+
+_SQLITE = _tables("REAL", "BLOB", "INTEGER PRIMARY KEY AUTOINCREMENT")
+_POSTGRES = _tables("DOUBLE PRECISION", "BYTEA", "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY")
+
+MIGRATIONS: list[Migration] = [Migration(1, "http_outbox_inbox", _SQLITE, _POSTGRES)]

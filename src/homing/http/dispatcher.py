@@ -1,0 +1,362 @@
+"""The dispatcher: drains the outbox over HTTP until every message is acknowledged.
+
+It runs in a thread of its own (an asyncio loop with one keep-alive ``httpx.AsyncClient``),
+inside the caller's process or in ``homing serve``. Several dispatchers may share a store:
+each claims rows with a lease and a token, and only the holder of the token may record the
+outcome (fencing). A dispatcher killed mid-request loses nothing: the row's lease expires
+and it is sent again; the receiver's inbox drops the repeat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import httpx
+
+from homing import ids
+from homing._failpoints import failpoint
+from homing.database import Database
+from homing.errors import InvalidArgument
+from homing.http import wire
+from homing.http.policy import DEFAULT_FATAL_STATUSES, RetryPolicy, is_fatal
+from homing.store import http_queries as q
+
+log = logging.getLogger("homing.http")
+T = TypeVar("T")
+
+#: Wakes every waiter in this process when a dispatcher or reply node records an outcome.
+changed = threading.Condition()
+
+
+def notify_changed() -> None:
+    with changed:
+        changed.notify_all()
+
+
+def _origin(url: str) -> str:
+    p = urlsplit(url)
+    return f"{p.scheme}://{p.netloc}".lower()
+
+
+def _retry_after(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None
+
+
+class Dispatcher:
+    """Delivers outbox rows with retries, backoff and jitter; tombstones what was acked.
+
+    ``per_destination`` bounds concurrent requests to one origin (scheme://host:port);
+    ``max_in_flight`` bounds them overall. ``fatal_statuses`` end a message with an error
+    (501 and the 4xx no retry can fix by default). ``allowed_hosts`` lists hosts that a
+    confirmation URL may point at although they are private (tests run on 127.0.0.1).
+    ``signing`` maps an origin (or ``"*"``) to ``(key id, secret)`` for HMAC signatures.
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        *,
+        retry: RetryPolicy | None = None,
+        fatal_statuses: Iterable[int] = DEFAULT_FATAL_STATUSES,
+        request_timeout: float = 30.0,
+        per_destination: int = 8,
+        max_in_flight: int = 64,
+        allowed_hosts: Iterable[str] = (),
+        signing: Mapping[str, tuple[str, bytes]] | None = None,
+        idle_poll: float = 0.25,
+    ) -> None:
+        if per_destination < 1 or max_in_flight < 1:
+            raise InvalidArgument("per_destination and max_in_flight must be at least 1")
+        if request_timeout <= 0:
+            raise InvalidArgument(f"request_timeout must be > 0 seconds, got {request_timeout}")
+        self.db = db
+        self.retry = retry or RetryPolicy()
+        self.fatal_statuses = frozenset(fatal_statuses)
+        self.request_timeout = request_timeout
+        self.per_destination = per_destination
+        self.max_in_flight = max_in_flight
+        self.allowed_hosts = tuple(allowed_hosts)
+        self.signing = dict(signing or {})
+        self.idle_poll = idle_poll
+        self.claim_lease = request_timeout * 2 + 30.0
+        self.stats = {"attempts": 0, "delivered": 0, "retries": 0, "failed": 0, "deletes": 0}
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._stopping = False
+        self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="homing-out")
+        self._started = threading.Event()
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def start(self) -> Dispatcher:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._main, name="homing-http-dispatcher", daemon=True
+            )
+            self._thread.start()
+            self._started.wait(10)
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stopping = True
+        self.wake()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def wake(self) -> None:
+        """Look for work now (called after a local enqueue commits)."""
+        loop, ev = self._loop, self._wake
+        if loop is not None and ev is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(ev.set)
+            except RuntimeError:
+                pass  # the loop closed meanwhile
+
+    def _main(self) -> None:
+        asyncio.run(self._run())
+
+    async def _db(self, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, fn, *args)
+
+    # -- the loop ------------------------------------------------------------------------
+    async def _run(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self._started.set()
+        limits = httpx.Limits(
+            max_connections=self.max_in_flight, max_keepalive_connections=self.max_in_flight
+        )
+        sems: dict[str, asyncio.Semaphore] = {}
+        in_flight: set[asyncio.Task[None]] = set()
+        token = ids.uuid7()
+        async with httpx.AsyncClient(limits=limits, timeout=self.request_timeout) as client:
+            delay = 0.005
+            while not self._stopping:
+                free = self.max_in_flight - len(in_flight)
+                rows: list[q.OutboxRow] = []
+                if free > 0:
+                    try:
+                        rows = await self._db(self._claim, token, free)
+                    except Exception as exc:  # the store is down: keep trying
+                        log.warning("outbox claim failed: %s", exc)
+                        rows = []
+                for row in rows:
+                    sem = sems.setdefault(
+                        _origin(row.confirm_url or row.url)
+                        if row.state != "pending"
+                        else _origin(row.url),
+                        asyncio.Semaphore(self.per_destination),
+                    )
+                    task = asyncio.create_task(self._one(client, sem, row, token))
+                    in_flight.add(task)
+                    task.add_done_callback(in_flight.discard)
+                if rows:
+                    delay = 0.005
+                    await asyncio.sleep(0)
+                    continue
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout=delay)
+                except TimeoutError:
+                    pass
+                self._wake.clear()
+                delay = min(self.idle_poll, delay * 2)
+            for task in list(in_flight):
+                task.cancel()
+            await asyncio.gather(*in_flight, return_exceptions=True)
+
+    def _claim(self, token: str, limit: int) -> list[q.OutboxRow]:
+        now = self.db.clock.now()
+        with self.db.store.transaction() as tx:
+            return q.claim_work(
+                tx, now=now, until=now + self.claim_lease, token=token, limit=min(limit, 64)
+            )
+
+    async def _one(
+        self, client: httpx.AsyncClient, sem: asyncio.Semaphore, row: q.OutboxRow, token: str
+    ) -> None:
+        async with sem:
+            try:
+                if row.state == "pending":
+                    await self._deliver(client, row, token)
+                elif row.confirm_url:
+                    await self._confirm(client, row.id, row.confirm_url, token)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # never let one row kill the loop
+                log.exception("delivering %s failed unexpectedly", row.id)
+                await self._db(self._retry_row, row, token, f"internal error: {exc}", None)
+
+    # -- one delivery ------------------------------------------------------------------
+    def _headers(self, row: q.OutboxRow) -> dict[str, str]:
+        mode = {"put": "put", "send": "send", "job": "job", "reply": "send"}[row.kind]
+        headers = {
+            "content-type": row.content_type,
+            wire.MESSAGE_ID: row.id,
+            wire.MODE: mode,
+        }
+        if row.response_url:
+            headers[wire.RESPONSE_URL] = row.response_url
+        if row.in_reply_to:
+            headers[wire.IN_REPLY_TO] = row.in_reply_to
+            headers[wire.REPLY_STATUS] = str(row.reply_status or 200)
+        key = self.signing.get(_origin(row.url)) or self.signing.get("*")
+        if key is not None:
+            path = urlsplit(row.url).path or "/"
+            headers[wire.SIGNATURE] = wire.sign(
+                key[0], key[1], row.method, path, row.id, row.body, self.db.clock.now()
+            )
+        return headers
+
+    async def _deliver(self, client: httpx.AsyncClient, row: q.OutboxRow, token: str) -> None:
+        if self.db.clock.now() > row.deadline:
+            await self._db(
+                self._fail_row,
+                row,
+                token,
+                f"the absurd deadline passed after {row.attempts} attempts "
+                f"(last error: {row.last_error})",
+                None,
+            )
+            return
+        failpoint("http.sender.before_request")
+        self.stats["attempts"] += 1
+        try:
+            resp = await client.request(
+                row.method, row.url, content=row.body, headers=self._headers(row)
+            )
+        except httpx.HTTPError as exc:  # connection refused/reset, timeout, protocol error
+            await self._db(self._retry_row, row, token, f"{type(exc).__name__}: {exc}", None)
+            return
+        status = resp.status_code
+        if 200 <= status < 300:
+            failpoint("http.sender.after_2xx_before_tombstone")
+            confirm = resp.headers.get(wire.CONFIRM_URL)
+            if confirm:
+                try:
+                    wire.check_url(confirm, self.allowed_hosts)
+                except InvalidArgument as exc:
+                    log.warning("ignoring confirmation URL of %s: %s", row.id, exc)
+                    confirm = None
+            state = "accepted" if (row.kind == "job" and status == 202) else "delivered"
+            ctype = resp.headers.get("content-type", wire.BYTES_TYPE)
+            stored = await self._db(
+                self._tombstone, row, token, state, status, ctype, resp.content, confirm
+            )
+            failpoint("http.sender.after_tombstone_before_delete")
+            if stored:
+                self.stats["delivered"] += 1
+                notify_changed()
+                if confirm:
+                    await self._confirm(client, row.id, confirm, token)
+            return
+        if is_fatal(status, self.fatal_statuses):
+            await self._db(
+                self._fail_row,
+                row,
+                token,
+                f"the receiver answered {status}: {resp.text[:500]}",
+                (status, resp.headers.get("content-type"), resp.content),
+            )
+            return
+        await self._db(
+            self._retry_row,
+            row,
+            token,
+            f"the receiver answered {status}",
+            _retry_after(resp.headers.get("retry-after")),
+        )
+
+    async def _confirm(self, client: httpx.AsyncClient, msg_id: str, url: str, token: str) -> None:
+        try:
+            resp = await client.delete(url)
+            ok = resp.status_code < 500 and resp.status_code not in (408, 429)
+            error = f"DELETE {url} answered {resp.status_code}"
+        except httpx.HTTPError as exc:
+            ok, error = False, f"DELETE {url}: {type(exc).__name__}: {exc}"
+        self.stats["deletes"] += 1
+        await self._db(self._confirm_outcome, msg_id, token, ok, error)
+
+    # -- outcomes (each one transaction) ---------------------------------------------------
+    def _tombstone(
+        self,
+        row: q.OutboxRow,
+        token: str,
+        state: str,
+        status: int,
+        ctype: str,
+        body: bytes,
+        confirm: str | None,
+    ) -> bool:
+        now = self.db.clock.now()
+        keep = body if row.kind in ("put", "job") else None
+        with self.db.store.transaction() as tx:
+            return q.mark_delivered(
+                tx,
+                row.id,
+                token,
+                state=state,
+                now=now,
+                status=status,
+                content_type=ctype if keep is not None else None,
+                body=keep,
+                confirm_url=confirm,
+            )
+
+    def _retry_row(
+        self, row: q.OutboxRow, token: str, error: str, retry_after: float | None
+    ) -> None:
+        now = self.db.clock.now()
+        at = now + self.retry.delay(row.attempts, retry_after)
+        self.stats["retries"] += 1
+        with self.db.store.transaction() as tx:
+            q.mark_retry(tx, row.id, token, at=min(at, max(row.deadline, now)), error=error)
+
+    def _fail_row(
+        self,
+        row: q.OutboxRow,
+        token: str,
+        error: str,
+        answer: tuple[int, str | None, bytes] | None,
+    ) -> None:
+        status, ctype, body = answer if answer is not None else (None, None, None)
+        with self.db.store.transaction() as tx:
+            done = q.mark_failed(
+                tx,
+                row.id,
+                now=self.db.clock.now(),
+                error=error,
+                status=status,
+                content_type=ctype,
+                body=body,
+                token=token,
+            )
+        if done:
+            self.stats["failed"] += 1
+            notify_changed()
+
+    def _confirm_outcome(self, msg_id: str, token: str, ok: bool, error: str) -> None:
+        with self.db.store.transaction() as tx:
+            if ok:
+                q.confirm_done(tx, msg_id, token)
+            else:
+                row = q.outgoing(tx, msg_id)
+                now = self.db.clock.now()
+                if row is None or now > row.deadline:  # give up: the DELETE is only an ack
+                    q.confirm_done(tx, msg_id, token)
+                    return
+                at = now + self.retry.delay(row.attempts)
+                q.confirm_retry(tx, msg_id, token, at=at, error=error)

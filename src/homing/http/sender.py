@@ -1,0 +1,351 @@
+"""The sending side of seed 000: ``put`` (Option 1), ``send`` (Option 2), ``perform_job``.
+
+Every call first stores the request, with a new UUIDv7 message id, in the durable outbox of
+the sender's store; a dispatcher delivers it. Outside a transaction the call commits and
+waits for the outcome. Inside one (``tx=`` or an open ``db.transaction()`` on this thread)
+the request commits with the caller's writes (transactional outbox) and the call returns a
+``Pending`` at once: wait on it after the commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from homing import ids
+from homing._failpoints import failpoint
+from homing.database import Database, Transaction
+from homing.errors import InvalidArgument, NotFound, PayloadTooLarge
+from homing.http import wire
+from homing.http.dispatcher import Dispatcher, changed
+from homing.http.errors import DeadlineExceeded, MessageFailed
+from homing.http.policy import DEFAULT_ABSURD_AFTER_S, DEFAULT_FATAL_STATUSES, RetryPolicy
+from homing.store import http_queries as q
+from homing.store.protocol import Tx
+
+DEFAULT_MAX_BODY = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Response:
+    """A stored answer: ``value`` is the body decoded (JSON parsed, else bytes)."""
+
+    status: int
+    content_type: str
+    body: bytes
+
+    @property
+    def value(self) -> Any:
+        if not self.body and self.status == 204:
+            return None
+        try:
+            return wire.decode_body(self.content_type, self.body)
+        except InvalidArgument:
+            return self.body
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A message stored in the outbox; ``wait()`` blocks until it is delivered (or fails)."""
+
+    id: str
+    kind: str
+    sender: Sender
+
+    def wait(self, timeout: float | None = None) -> Any:
+        return self.sender.wait(self.id, timeout=timeout)
+
+    async def wait_async(self, timeout: float | None = None) -> Any:
+        return await self.sender.wait_async(self.id, timeout=timeout)
+
+
+class Sender:
+    """Reliable HTTP requests from one store (the outbox lives there).
+
+    ``dispatch=True`` runs a dispatcher in this process (a thread); with ``False`` another
+    process (``homing serve``) drains the outbox and the calls here only store and wait.
+    ``absurd_after`` seconds after it was stored a message that is still undelivered ends
+    with ``DeadlineExceeded``; keep it below the receivers' inbox retention.
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        *,
+        dispatch: bool = True,
+        absurd_after: float = DEFAULT_ABSURD_AFTER_S,
+        max_body: int = DEFAULT_MAX_BODY,
+        retry: RetryPolicy | None = None,
+        fatal_statuses: Iterable[int] = DEFAULT_FATAL_STATUSES,
+        request_timeout: float = 30.0,
+        per_destination: int = 8,
+        max_in_flight: int = 64,
+        allowed_hosts: Iterable[str] = (),
+        signing: Mapping[str, tuple[str, bytes]] | None = None,
+    ) -> None:
+        if not isinstance(db, Database):
+            raise InvalidArgument(
+                f"Sender needs a homing.Database (homing.connect(url)), got {type(db).__name__}"
+            )
+        if absurd_after <= 0:
+            raise InvalidArgument(f"absurd_after must be > 0 seconds, got {absurd_after!r}")
+        self.db = db
+        self.absurd_after = float(absurd_after)
+        self.max_body = max_body
+        self.dispatcher: Dispatcher | None = None
+        if dispatch:
+            self.dispatcher = Dispatcher(
+                db,
+                retry=retry,
+                fatal_statuses=fatal_statuses,
+                request_timeout=request_timeout,
+                per_destination=per_destination,
+                max_in_flight=max_in_flight,
+                allowed_hosts=allowed_hosts,
+                signing=signing,
+            ).start()
+
+    def close(self) -> None:
+        if self.dispatcher is not None:
+            self.dispatcher.stop()
+            self.dispatcher = None
+
+    def __enter__(self) -> Sender:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the three calls -------------------------------------------------------------------
+    def put(
+        self,
+        url: str,
+        body: Any,
+        *,
+        content_type: str | None = None,
+        tx: Transaction | Tx | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """Option 1: deliver ``body`` and return the receiver's (stored) response body."""
+        return self._call("put", url, body, None, content_type, tx, timeout)
+
+    def send(
+        self,
+        url: str,
+        body: Any,
+        *,
+        content_type: str | None = None,
+        tx: Transaction | Tx | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """Option 2: deliver ``body``; returns None once the receiver acknowledged (204)."""
+        return self._call("send", url, body, None, content_type, tx, timeout)
+
+    def perform_job(
+        self,
+        url: str,
+        local_url: str,
+        body: Any,
+        *,
+        content_type: str | None = None,
+        tx: Transaction | Tx | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """A long job: the receiver acks with 202 and later delivers the result, reliably,
+        to ``local_url`` (a ``Receiver``'s reply node on this store). Returns that result."""
+        wire.check_http(local_url)
+        return self._call("job", url, body, local_url, content_type, tx, timeout)
+
+    # -- storing -------------------------------------------------------------------------
+    def enqueue(
+        self,
+        kind: str,
+        url: str,
+        body: Any,
+        *,
+        local_url: str | None = None,
+        content_type: str | None = None,
+        tx: Transaction | Tx | None = None,
+    ) -> Pending:
+        """Store one message in the outbox (in ``tx`` if given) and return its handle."""
+        if kind not in ("put", "send", "job"):
+            raise InvalidArgument(f"kind must be put, send or job, got {kind!r}")
+        msg = self._new(kind, url, body, local_url, content_type)
+        raw = tx.tx if isinstance(tx, Transaction) else tx
+        if raw is not None:
+            self._insert(raw, msg)
+            raw.call_after_commit(lambda: failpoint("http.sender.after_outbox_insert"))
+        else:
+            with self.db.store.transaction() as own:
+                self._insert(own, msg)
+            failpoint("http.sender.after_outbox_insert")
+        return Pending(msg.id, kind, self)
+
+    def _new(
+        self, kind: str, url: str, body: Any, local_url: str | None, content_type: str | None
+    ) -> q.NewOutgoing:
+        wire.check_http(url)
+        ctype, data = wire.encode_body(body, content_type)
+        if len(data) > self.max_body:
+            raise PayloadTooLarge(
+                f"the body is {len(data)} bytes, over the limit of {self.max_body}; send a "
+                "reference to large data, or raise max_body on both sides"
+            )
+        now = self.db.clock.now()
+        return q.NewOutgoing(
+            id=ids.uuid7(),
+            kind=kind,
+            method="POST",
+            url=url,
+            content_type=ctype,
+            body=data,
+            response_url=local_url,
+            in_reply_to=None,
+            reply_status=None,
+            deadline=now + self.absurd_after,
+            created_at=now,
+        )
+
+    def _insert(self, tx: Tx, msg: q.NewOutgoing) -> None:
+        q.insert_outgoing(tx, [msg])
+        if self.dispatcher is not None:
+            tx.call_after_commit(self.dispatcher.wake)
+
+    def _call(
+        self,
+        kind: str,
+        url: str,
+        body: Any,
+        local_url: str | None,
+        content_type: str | None,
+        tx: Transaction | Tx | None,
+        timeout: float | None,
+    ) -> Any:
+        joined = tx is not None or self.db.store.in_transaction() is not None
+        pending = self.enqueue(
+            kind,
+            url,
+            body,
+            local_url=local_url,
+            content_type=content_type,
+            tx=tx if tx is not None else self.db.store.in_transaction(),
+        )
+        if joined:
+            return pending  # the caller commits; then pending.wait()
+        return self.wait(pending.id, timeout=timeout)
+
+    # -- waiting -------------------------------------------------------------------------
+    def poll(self, msg_id: str) -> tuple[bool, Any]:
+        """(True, result) once the message is finished; raises if it failed."""
+        with self.db.store.transaction(write=False) as tx:
+            row = q.outgoing(tx, msg_id)
+        if row is None:
+            raise NotFound(f"no outgoing message {msg_id!r} in the outbox of {self.db.url}")
+        if row.state == "delivered":
+            if row.kind == "send":
+                return True, None
+            return True, Response(
+                row.status or 200, row.resp_content_type or wire.BYTES_TYPE, row.resp_body or b""
+            ).value
+        if row.state == "failed":
+            cls = DeadlineExceeded if "deadline" in (row.last_error or "") else MessageFailed
+            raise cls(
+                f"message {msg_id} to {row.url} failed: {row.last_error}",
+                msg_id=msg_id,
+                status=row.status,
+                body=row.resp_body,
+            )
+        if row.state == "accepted" and self.db.clock.now() > row.deadline:
+            with self.db.store.transaction() as wtx:
+                q.mark_failed(
+                    wtx,
+                    msg_id,
+                    now=self.db.clock.now(),
+                    error="the absurd deadline passed while waiting for the job's result",
+                    status=None,
+                    content_type=None,
+                    body=None,
+                )
+            return self.poll(msg_id)
+        return False, None
+
+    def wait(self, msg_id: str, *, timeout: float | None = None) -> Any:
+        """Block until the message is delivered (its result) or fails (raises).
+        ``timeout`` only bounds this wait; the message stays in the outbox."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            done, result = self.poll(msg_id)
+            if done:
+                return result
+            left = 0.2 if end is None else min(0.2, end - time.monotonic())
+            if left <= 0:
+                raise TimeoutError(
+                    f"message {msg_id} is not delivered yet after {timeout}s; it stays in the "
+                    "outbox and is still retried: wait again with Sender.wait(id)"
+                )
+            with changed:
+                changed.wait(left)
+
+    async def wait_async(self, msg_id: str, *, timeout: float | None = None) -> Any:
+        end = None if timeout is None else time.monotonic() + timeout
+        pause = 0.002
+        while True:
+            done, result = await asyncio.to_thread(self.poll, msg_id)
+            if done:
+                return result
+            if end is not None and time.monotonic() >= end:
+                raise TimeoutError(
+                    f"message {msg_id} is not delivered yet after {timeout}s; it stays in the "
+                    "outbox and is still retried"
+                )
+            await asyncio.sleep(pause)
+            pause = min(0.1, pause * 2)
+
+
+class AsyncSender:
+    """The asyncio form of ``Sender``: the same calls, awaitable; store work runs in a thread."""
+
+    def __init__(self, db: Database, **options: Any) -> None:
+        self.sync = Sender(db, **options)
+
+    async def put(self, url: str, body: Any, **kw: Any) -> Any:
+        return await self._call("put", url, body, None, **kw)
+
+    async def send(self, url: str, body: Any, **kw: Any) -> Any:
+        return await self._call("send", url, body, None, **kw)
+
+    async def perform_job(self, url: str, local_url: str, body: Any, **kw: Any) -> Any:
+        wire.check_http(local_url)
+        return await self._call("job", url, body, local_url, **kw)
+
+    async def _call(
+        self,
+        kind: str,
+        url: str,
+        body: Any,
+        local_url: str | None,
+        *,
+        content_type: str | None = None,
+        tx: Transaction | Tx | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        if tx is not None:  # the caller's transaction is bound to its thread: stay on it
+            return self.sync.enqueue(
+                kind, url, body, local_url=local_url, content_type=content_type, tx=tx
+            )
+        pending = await asyncio.to_thread(
+            self.sync.enqueue, kind, url, body, local_url=local_url, content_type=content_type
+        )
+        return await self.sync.wait_async(pending.id, timeout=timeout)
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self.sync.close)
+
+    async def __aenter__(self) -> AsyncSender:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

@@ -1,0 +1,423 @@
+"""Every SQL statement of reliable HTTP messaging (seed 000): outbox and inbox."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from homing.store.protocol import Tx
+
+OUT_COLUMNS = (
+    "seq",
+    "id",
+    "kind",
+    "method",
+    "url",
+    "content_type",
+    "body",
+    "response_url",
+    "in_reply_to",
+    "reply_status",
+    "state",
+    "attempts",
+    "next_attempt_at",
+    "deadline",
+    "claim_token",
+    "claimed_until",
+    "created_at",
+    "finished_at",
+    "last_error",
+    "status",
+    "resp_content_type",
+    "resp_body",
+    "confirm_url",
+)
+_OUT = ", ".join(OUT_COLUMNS)
+
+IN_COLUMNS = (
+    "id",
+    "path",
+    "mode",
+    "body_hash",
+    "content_type",
+    "body",
+    "response_url",
+    "state",
+    "attempts",
+    "next_attempt_at",
+    "received_at",
+    "finished_at",
+    "error",
+    "status",
+    "resp_content_type",
+    "resp_body",
+    "confirmed",
+)
+_IN = ", ".join(IN_COLUMNS)
+
+
+def _bytes(value: Any) -> bytes | None:
+    if value is None:
+        return None
+    return bytes(value)
+
+
+@dataclass(frozen=True)
+class OutboxRow:
+    seq: int
+    id: str
+    kind: str
+    method: str
+    url: str
+    content_type: str
+    body: bytes
+    response_url: str | None
+    in_reply_to: str | None
+    reply_status: int | None
+    state: str
+    attempts: int
+    next_attempt_at: float | None
+    deadline: float
+    claim_token: str | None
+    claimed_until: float | None
+    created_at: float
+    finished_at: float | None
+    last_error: str | None
+    status: int | None
+    resp_content_type: str | None
+    resp_body: bytes | None
+    confirm_url: str | None
+
+
+@dataclass(frozen=True)
+class InboxRow:
+    id: str
+    path: str
+    mode: str
+    body_hash: str
+    content_type: str
+    body: bytes | None
+    response_url: str | None
+    state: str
+    attempts: int
+    next_attempt_at: float | None
+    received_at: float
+    finished_at: float | None
+    error: str | None
+    status: int | None
+    resp_content_type: str | None
+    resp_body: bytes | None
+    confirmed: int
+
+
+def _out(values: Sequence[Any]) -> OutboxRow:
+    row = dict(zip(OUT_COLUMNS, values, strict=True))
+    row["body"] = _bytes(row["body"]) or b""
+    row["resp_body"] = _bytes(row["resp_body"])
+    return OutboxRow(**row)
+
+
+def _in(values: Sequence[Any]) -> InboxRow:
+    row = dict(zip(IN_COLUMNS, values, strict=True))
+    row["body"] = _bytes(row["body"])
+    row["resp_body"] = _bytes(row["resp_body"])
+    return InboxRow(**row)
+
+
+# -- outbox ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class NewOutgoing:
+    id: str
+    kind: str
+    method: str
+    url: str
+    content_type: str
+    body: bytes
+    response_url: str | None
+    in_reply_to: str | None
+    reply_status: int | None
+    deadline: float
+    created_at: float
+
+
+def insert_outgoing(tx: Tx, msgs: Sequence[NewOutgoing]) -> None:
+    """Store outgoing requests, due at once. A repeated id is ignored (idempotent insert)."""
+    tx.executemany(
+        "INSERT INTO homing_http_outbox (id, kind, method, url, content_type, body, "
+        "response_url, in_reply_to, reply_status, state, attempts, next_attempt_at, deadline, "
+        "created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', 0, ?, ?, ?) "
+        "ON CONFLICT (id) DO NOTHING",
+        [
+            (
+                m.id,
+                m.kind,
+                m.method,
+                m.url,
+                m.content_type,
+                m.body,
+                m.response_url,
+                m.in_reply_to,
+                m.reply_status,
+                m.created_at,
+                m.deadline,
+                m.created_at,
+            )
+            for m in msgs
+        ],
+    )
+    if tx.dialect == "postgres":
+        tx.execute("SELECT pg_notify(?, '')", (notify_channel(tx),))
+
+
+def notify_channel(tx: Tx) -> str:
+    schema = getattr(tx.store, "schema", None)
+    return f"{schema}_homing_http" if schema else "homing_http"
+
+
+def outgoing(tx: Tx, msg_id: str) -> OutboxRow | None:
+    values = tx.query_one(f"SELECT {_OUT} FROM homing_http_outbox WHERE id = ?", (msg_id,))
+    return _out(values) if values is not None else None
+
+
+def claim_work(tx: Tx, *, now: float, until: float, token: str, limit: int) -> list[OutboxRow]:
+    """Lease up to ``limit`` rows with due work (delivery or confirmation) to one dispatcher."""
+    pick = (
+        "SELECT seq FROM homing_http_outbox WHERE next_attempt_at IS NOT NULL "
+        "AND next_attempt_at <= ? AND (claimed_until IS NULL OR claimed_until < ?) "
+        "ORDER BY next_attempt_at, seq LIMIT ?"
+    )
+    if tx.dialect == "postgres":
+        pick += " FOR UPDATE SKIP LOCKED"
+    rows = tx.query(
+        f"UPDATE homing_http_outbox SET claim_token = ?, claimed_until = ? "
+        f"WHERE seq IN ({pick}) RETURNING {_OUT}",
+        (token, until, now, now, limit),
+    )
+    out = [_out(r) for r in rows]
+    out.sort(key=lambda r: r.seq)
+    return out
+
+
+def mark_delivered(
+    tx: Tx,
+    msg_id: str,
+    token: str,
+    *,
+    state: str,
+    now: float,
+    status: int,
+    content_type: str | None,
+    body: bytes | None,
+    confirm_url: str | None,
+) -> bool:
+    """Tombstone: the row is never sent again. Keeps the response; schedules the DELETE."""
+    return (
+        tx.rowcount(
+            "UPDATE homing_http_outbox SET state = ?, status = ?, resp_content_type = ?, "
+            "resp_body = ?, confirm_url = ?, next_attempt_at = ?, claim_token = NULL, "
+            "claimed_until = NULL, attempts = attempts + 1, "
+            "finished_at = CASE WHEN ? = 'delivered' THEN ? ELSE finished_at END "
+            "WHERE id = ? AND claim_token = ? AND state = 'pending'",
+            (
+                state,
+                status,
+                content_type,
+                body,
+                confirm_url,
+                now if confirm_url else None,
+                state,
+                now,
+                msg_id,
+                token,
+            ),
+        )
+        == 1
+    )
+
+
+def mark_retry(tx: Tx, msg_id: str, token: str, *, at: float, error: str) -> bool:
+    return (
+        tx.rowcount(
+            "UPDATE homing_http_outbox SET next_attempt_at = ?, last_error = ?, "
+            "attempts = attempts + 1, claim_token = NULL, claimed_until = NULL "
+            "WHERE id = ? AND claim_token = ? AND state = 'pending'",
+            (at, error, msg_id, token),
+        )
+        == 1
+    )
+
+
+def mark_failed(
+    tx: Tx,
+    msg_id: str,
+    *,
+    now: float,
+    error: str,
+    status: int | None,
+    content_type: str | None,
+    body: bytes | None,
+    token: str | None = None,
+) -> bool:
+    """End a pending (or accepted job) row with an error the caller sees as an exception."""
+    sql = (
+        "UPDATE homing_http_outbox SET state = 'failed', finished_at = ?, last_error = ?, "
+        "status = ?, resp_content_type = ?, resp_body = ?, next_attempt_at = NULL, "
+        "claim_token = NULL, claimed_until = NULL WHERE id = ? "
+        "AND state IN ('pending', 'accepted')"
+    )
+    params: list[Any] = [now, error, status, content_type, body, msg_id]
+    if token is not None:
+        sql += " AND claim_token = ?"
+        params.append(token)
+    return tx.rowcount(sql, params) == 1
+
+
+def confirm_done(tx: Tx, msg_id: str, token: str) -> None:
+    tx.execute(
+        "UPDATE homing_http_outbox SET next_attempt_at = NULL, confirm_url = NULL, "
+        "claim_token = NULL, claimed_until = NULL WHERE id = ? AND claim_token = ?",
+        (msg_id, token),
+    )
+
+
+def confirm_retry(tx: Tx, msg_id: str, token: str, *, at: float, error: str) -> None:
+    tx.execute(
+        "UPDATE homing_http_outbox SET next_attempt_at = ?, last_error = ?, "
+        "claim_token = NULL, claimed_until = NULL WHERE id = ? AND claim_token = ?",
+        (at, error, msg_id, token),
+    )
+
+
+def record_job_result(
+    tx: Tx, msg_id: str, *, now: float, status: int, content_type: str, body: bytes
+) -> str | None:
+    """Store a job's result delivered to the reply node; returns the row's previous state
+    (None if no such job). A result for a finished row changes nothing."""
+    found = tx.query_one("SELECT state, kind FROM homing_http_outbox WHERE id = ?", (msg_id,))
+    if found is None or found[1] != "job":
+        return None
+    state = str(found[0])
+    if state in ("pending", "accepted"):
+        final = "delivered" if 200 <= status < 300 else "failed"
+        tx.execute(
+            "UPDATE homing_http_outbox SET state = ?, status = ?, resp_content_type = ?, "
+            "resp_body = ?, finished_at = ?, next_attempt_at = NULL, claim_token = NULL, "
+            "claimed_until = NULL, last_error = CASE WHEN ? = 'failed' "
+            "THEN 'the job failed on the receiver' ELSE last_error END WHERE id = ?",
+            (final, status, content_type, body, now, final, msg_id),
+        )
+    return state
+
+
+def outbox_counts(tx: Tx) -> dict[str, int]:
+    rows = tx.query("SELECT state, COUNT(*) FROM homing_http_outbox GROUP BY state")
+    return {str(s): int(n) for s, n in rows}
+
+
+# -- inbox -------------------------------------------------------------------------------
+def insert_incoming(
+    tx: Tx,
+    *,
+    msg_id: str,
+    path: str,
+    mode: str,
+    body_hash: str,
+    content_type: str,
+    body: bytes,
+    response_url: str | None,
+    now: float,
+    work_at: float | None,
+) -> InboxRow | None:
+    """Store an incoming request unless its id is known; returns the existing row if it was."""
+    n = tx.rowcount(
+        "INSERT INTO homing_http_inbox (id, path, mode, body_hash, content_type, body, "
+        "response_url, state, attempts, next_attempt_at, received_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, 'received', 0, ?, ?) ON CONFLICT (id) DO NOTHING",
+        (msg_id, path, mode, body_hash, content_type, body, response_url, work_at, now),
+    )
+    if n == 1:
+        return None
+    return incoming(tx, msg_id)
+
+
+def incoming(tx: Tx, msg_id: str) -> InboxRow | None:
+    values = tx.query_one(f"SELECT {_IN} FROM homing_http_inbox WHERE id = ?", (msg_id,))
+    return _in(values) if values is not None else None
+
+
+def lock_incoming(tx: Tx, msg_id: str) -> tuple[bool, InboxRow | None]:
+    """Lock the inbox row for handling. (False, None) if another transaction holds it."""
+    sql = f"SELECT {_IN} FROM homing_http_inbox WHERE id = ?"
+    if tx.dialect == "postgres":
+        values = tx.query_one(sql + " FOR UPDATE SKIP LOCKED", (msg_id,))
+        if values is None:
+            exists = tx.query_one("SELECT 1 FROM homing_http_inbox WHERE id = ?", (msg_id,))
+            return (exists is None), None
+        return True, _in(values)
+    values = tx.query_one(sql, (msg_id,))  # SQLite: BEGIN IMMEDIATE already serialises
+    return True, (_in(values) if values is not None else None)
+
+
+def due_incoming(tx: Tx, *, now: float, limit: int) -> list[str]:
+    rows = tx.query(
+        "SELECT id FROM homing_http_inbox WHERE state = 'received' "
+        "AND next_attempt_at IS NOT NULL AND next_attempt_at <= ? "
+        "ORDER BY next_attempt_at LIMIT ?",
+        (now, limit),
+    )
+    return [str(r[0]) for r in rows]
+
+
+def finish_incoming(
+    tx: Tx,
+    msg_id: str,
+    *,
+    state: str,
+    now: float,
+    status: int | None,
+    content_type: str | None,
+    body: bytes | None,
+    error: str | None,
+) -> None:
+    """Tombstone the inbox entry: drop the request body, keep the id, hash and response."""
+    tx.execute(
+        "UPDATE homing_http_inbox SET state = ?, finished_at = ?, status = ?, "
+        "resp_content_type = ?, resp_body = ?, error = ?, body = NULL, next_attempt_at = NULL, "
+        "attempts = attempts + 1 WHERE id = ?",
+        (state, now, status, content_type, body, error, msg_id),
+    )
+
+
+def retry_incoming(tx: Tx, msg_id: str, *, at: float | None, error: str) -> None:
+    tx.execute(
+        "UPDATE homing_http_inbox SET attempts = attempts + 1, next_attempt_at = ?, error = ? "
+        "WHERE id = ? AND state = 'received'",
+        (at, error, msg_id),
+    )
+
+
+def confirm_incoming(tx: Tx, msg_id: str) -> bool:
+    """The sender has the response: drop it (the id stays to recognise late repeats)."""
+    return (
+        tx.rowcount(
+            "UPDATE homing_http_inbox SET confirmed = 1, resp_body = NULL "
+            "WHERE id = ? AND state <> 'received'",
+            (msg_id,),
+        )
+        == 1
+    )
+
+
+def gc(tx: Tx, *, before: float) -> tuple[int, int]:
+    """Forget finished outbox rows and inbox entries older than ``before``."""
+    out = tx.rowcount(
+        "DELETE FROM homing_http_outbox WHERE finished_at IS NOT NULL AND finished_at < ? "
+        "AND next_attempt_at IS NULL",
+        (before,),
+    )
+    inn = tx.rowcount(
+        "DELETE FROM homing_http_inbox WHERE state <> 'received' AND received_at < ?",
+        (before,),
+    )
+    return out, inn
