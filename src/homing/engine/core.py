@@ -336,7 +336,10 @@ class _Run:
             target = row["return_address"]
             if not target or q.get_queue(self.tx, target) is None:
                 self.dead_letter(
-                    row, DEAD_LETTERS, f"bounce: return address {target!r} is not a queue"
+                    row,
+                    DEAD_LETTERS,
+                    f"bounce: return address {target!r} is not a queue",
+                    bounced=True,
                 )
                 return
         if _uses_credit(sel):
@@ -398,11 +401,22 @@ class _Run:
         if row["parent_seq"] is not None:
             self.pay(int(row["parent_seq"]))
 
-    def dead_letter(self, row: Mapping[str, Any], dlq: str, reason: str) -> None:
-        """An exception: a fresh copy goes to ``dlq`` (owing no payment); this entry is done."""
+    def dead_letter(
+        self, row: Mapping[str, Any], dlq: str, reason: str, *, bounced: bool = False
+    ) -> None:
+        """An exception: a fresh copy goes to ``dlq`` (owing no payment); this entry is done.
+
+        ``bounced``: a bounce failed, so the return address is spent (it is cleared, and
+        the message cannot bounce around the dead-letter queue again)."""
         self.fate.setdefault(int(row["seq"]), "dead-lettered")
+        extra: dict[str, Any] = {}
+        if bounced:
+            extra = {
+                "return_address": None,
+                "original_address": row["original_address"] or row["address"],
+            }
         self.arrive(
-            _from_row(row, queue=dlq, parent=None, reason=f"{row['queue']}: {reason}"),
+            _from_row(row, queue=dlq, parent=None, reason=f"{row['queue']}: {reason}", **extra),
             external=False,
         )
         self.finish(row, "dead-lettered")
@@ -572,9 +586,10 @@ def _from_row(
     address: str | None = None,
     return_address: Any = ...,
     original_address: Any = ...,
-    reason: str | None = None,
+    reason: Any = ...,
     hops: int | None = None,
 ) -> q.NewEntry:
+    """A new entry for the message of ``row``; unnamed envelope fields are kept."""
     body = row["body"]
     return q.NewEntry(
         id=row["id"],
@@ -585,7 +600,7 @@ def _from_row(
         address=address if address is not None else row["address"],
         return_address=row["return_address"] if return_address is ... else return_address,
         original_address=row["original_address"] if original_address is ... else original_address,
-        reason=reason,
+        reason=row["reason"] if reason is ... else reason,
         parent_seq=parent,
         hops=int(row["hops"]) + 1 if hops is None else hops,
         created_at=float(row["created_at"]),
@@ -1120,7 +1135,8 @@ class Engine:
                     "pass to=ANOTHER_QUEUE"
                 )
             new_seq = run.arrive(
-                _from_row(row, queue=target, address=target, parent=None, hops=0), external=True
+                _from_row(row, queue=target, address=target, parent=None, hops=0, reason=None),
+                external=True,
             )
             run.finish(row, "redriven")
             run.drain()
