@@ -1,0 +1,320 @@
+"""Exactly-once request/reply under SIGKILL of the client and of the server (seed 004).
+
+Clients and servers run as real child processes (this file run as a script) with
+``HOMING_FAILPOINTS`` set; a failpoint ``crash`` is SIGKILL of the own process. The
+server's handler and the client's reply handler each write one row to ``effects`` (no
+unique constraint, so duplicates stay countable) in the transaction that dequeues. After
+the drain: every item processed exactly once and its reply taken exactly once.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import homing
+from homing.sessions import Reply, Request, Server, Sessions
+
+HERE = Path(__file__).resolve()
+QUEUE = "work"
+KILLED = -signal.SIGKILL
+
+
+# -- the programs the child processes run ------------------------------------------------
+def client_program(url: str, client_id: str, n_items: int, incarnation: int) -> int:
+    """A client that recovers its session, acts on each state, then finishes its items."""
+    db = homing.connect(url)
+    assert isinstance(db, homing.Database)
+    session = Sessions(db, keep_replies=5).open(client_id)
+    rec = session.recover()
+    with db.store.transaction() as tx:
+        for st in rec.requests:
+            tx.execute(
+                "INSERT INTO decisions (client_id, incarnation, request_id, state, is_last) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (client_id, incarnation, st.request_id, st.state, int(st == rec.last)),
+            )
+        done = {
+            int(r[0])
+            for r in tx.query(
+                "SELECT item FROM effects WHERE client_id = ? AND kind = 'reply'", (client_id,)
+            )
+        }
+    known = set(done)
+    for st in rec.requests:
+        known.add(int(st.body["item"]))
+        if st.state == "A":
+            session.resubmit()  # never submitted: submit it now (B next)
+    # D: this client's own store (effects) has a durable record of them; let the QM forget.
+    session.confirm([st.request_id for st in rec.requests if st.state == "D"])
+
+    def record(reply: Reply, txn: homing.Transaction) -> None:
+        txn.tx.execute(
+            "INSERT INTO effects (client_id, item, request_id, kind) VALUES (?, ?, ?, 'reply')",
+            (client_id, reply.request["item"], reply.request_id),
+        )
+
+    pending = [i for i in range(n_items) if i not in known]
+    unconfirmed: list[str] = []
+    deadline = time.monotonic() + 60
+    while len(done) < n_items:
+        if time.monotonic() > deadline:
+            print(f"client gave up: done {sorted(done)}", file=sys.stderr)
+            return 2
+        if pending:
+            session.submit(QUEUE, {"item": pending.pop(0)})
+        reply = session.take_reply(record, timeout=0 if pending else 0.05)
+        if reply is not None:
+            done.add(int(reply.request["item"]))
+            unconfirmed.append(reply.request_id)
+            if len(unconfirmed) >= 7:
+                session.confirm(unconfirmed)
+                unconfirmed.clear()
+    db.close()
+    return 0
+
+
+def process(request: Request, txn: homing.Transaction) -> Any:
+    txn.tx.execute(
+        "INSERT INTO effects (client_id, item, request_id, kind) VALUES (?, ?, ?, 'processed')",
+        (request.body.get("client"), request.body["item"], request.id),
+    )
+    return {"item": request.body["item"], "processed": True}
+
+
+def server_program(url: str, stop_file: str) -> int:
+    db = homing.connect(url)
+    assert isinstance(db, homing.Database)
+    server = Server(db, QUEUE, process)
+    while True:
+        if server.process_one():
+            continue
+        if os.path.exists(stop_file):
+            db.close()
+            return 0
+        time.sleep(0.005)
+
+
+# -- the parent side ---------------------------------------------------------------------
+class Child:
+    def __init__(self, tmp: Path, role: str, args: list[str], faults: str = "") -> None:
+        env = {**os.environ, "HOMING_FAILPOINTS": faults}
+        self.log = tmp / f"{role}-{time.monotonic_ns()}.log"
+        self.faults = faults
+        with self.log.open("w") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(HERE), role, *args], env=env, stdout=out, stderr=out
+            )
+
+    def wait(self, timeout: float = 60) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            pytest.fail(f"child timed out; log:\n{self.log.read_text()}")
+
+    def check(self, rc: int) -> int:
+        if rc not in (0, KILLED):
+            pytest.fail(f"child exited {rc} (faults {self.faults!r}); log:\n{self.log.read_text()}")
+        return rc
+
+
+def make_tables(db: homing.Database) -> None:
+    with db.store.transaction() as tx:
+        tx.execute(
+            "CREATE TABLE effects (client_id TEXT, item INTEGER, request_id TEXT, kind TEXT)"
+        )
+        tx.execute(
+            "CREATE TABLE decisions (client_id TEXT, incarnation INTEGER, request_id TEXT, "
+            "state TEXT, is_last INTEGER)"
+        )
+
+
+def server_thread(db: homing.Database) -> tuple[threading.Thread, threading.Event]:
+    stop = threading.Event()
+    server = Server(db, QUEUE, process)
+    thread = threading.Thread(
+        target=server.run, args=(stop,), kwargs={"idle_wait": 0.05}, daemon=True
+    )
+    thread.start()
+    return thread, stop
+
+
+def wait_for_decision(db: homing.Database, child: Child, *, incarnation: int) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and child.proc.poll() is None:
+        with db.store.transaction(write=False) as tx:
+            row = tx.query_one(
+                "SELECT COUNT(*) FROM decisions WHERE incarnation = ?", (incarnation,)
+            )
+        if row and row[0]:
+            return
+        time.sleep(0.01)
+
+
+def check_exactly_once(db: homing.Database, client_id: str, n_items: int) -> dict[str, int]:
+    """The checker: lost = 0, duplicated = 0, unexpected = 0, for both effects."""
+    with db.store.transaction() as tx:
+        effects = tx.query("SELECT item, request_id, kind FROM effects")
+        states = Counter(
+            r[0]
+            for r in tx.query(
+                "SELECT state FROM homing_session_requests WHERE client_id = ?", (client_id,)
+            )
+        )
+    expected = set(range(n_items))
+    report: dict[str, int] = {}
+    for kind in ("processed", "reply"):
+        counts = Counter(int(i) for i, _, k in effects if k == kind)
+        report[f"{kind}_lost"] = len(expected - set(counts))
+        report[f"{kind}_duplicated"] = sum(1 for c in counts.values() if c > 1)
+        report[f"{kind}_unexpected"] = len(set(counts) - expected)
+    # every effect of an item belongs to one request id: resubmissions never made a second one
+    ids_per_item = Counter(int(i) for i, _ in {(i, r) for i, r, _ in effects})
+    report["items_with_two_requests"] = sum(1 for c in ids_per_item.values() if c > 1)
+    assert report == dict.fromkeys(report, 0), report
+    assert states == {"taken": n_items}, states
+    return report
+
+
+# -- one crash per state -----------------------------------------------------------------
+CASES = {
+    # state: (client failpoint, server running while the client crashes?)
+    "A": ("sessions.after_request_prepared=1*crash", False),
+    "B": ("sessions.after_request_enqueued=1*crash", False),
+    "C": ("sessions.client_before_reply_commit=1*crash", True),
+    "D": ("sessions.after_reply_dequeued=1*crash", True),
+}
+
+
+@pytest.mark.parametrize("state", sorted(CASES))
+def test_crash_recover_continue_per_state(
+    open_db: Any, store_url: str, tmp_path: Path, state: str
+) -> None:
+    db = open_db()
+    make_tables(db)
+    faults, serve_meanwhile = CASES[state]
+    server = server_thread(db) if serve_meanwhile else None
+    client = Child(tmp_path, "client", [store_url, "c1", "1", "0"], faults)
+    assert client.check(client.wait()) == KILLED
+    if server is not None:
+        server[1].set()
+        server[0].join()
+
+    rec = Sessions(db).attach("c1").recover()
+    assert rec.last is not None and rec.last.state == state, rec
+    assert rec.last.action == {"A": "resubmit_or_drop", "B": "wait", "C": "process_reply"}.get(
+        state, "continue"
+    )
+
+    again = Child(tmp_path, "client", [store_url, "c1", "1", "1"])
+    wait_for_decision(db, again, incarnation=1)  # serve only once it has recovered
+    thread, stop = server_thread(db)
+    assert again.check(again.wait()) == 0
+    stop.set()
+    thread.join()
+    with db.store.transaction() as tx:
+        seen = tx.query("SELECT state, is_last FROM decisions WHERE incarnation = 1")
+    assert seen == [(state, 1)]  # the restarted client reached the same decision
+    check_exactly_once(db, "c1", 1)
+
+
+def test_server_killed_mid_processing(open_db: Any, store_url: str, tmp_path: Path) -> None:
+    """SIGKILL inside Transaction 2: the handler's write rolls back, the request stays B."""
+    db = open_db()  # the system clock, like the child processes
+    make_tables(db)
+    session = Sessions(db).open("c1")
+    session.submit(QUEUE, {"item": 0})
+    stop_file = tmp_path / "stop"
+    server = Child(
+        tmp_path, "server", [store_url, str(stop_file)], "sessions.server_before_commit=1*crash"
+    )
+    assert server.check(server.wait()) == KILLED
+    rec = session.recover()
+    assert rec.last is not None and rec.last.state == "B"
+    stop_file.touch()
+    server = Child(tmp_path, "server", [store_url, str(stop_file)])
+    assert server.check(server.wait()) == 0
+    rec = session.recover()
+    assert rec.last is not None and rec.last.state == "C"
+    client = Child(tmp_path, "client", [store_url, "c1", "1", "1"])
+    assert client.check(client.wait()) == 0
+    check_exactly_once(db, "c1", 1)
+
+
+# -- 50 outstanding requests, random crashes of client and servers ----------------------
+CLIENT_POINTS = (
+    "sessions.after_request_prepared",
+    "sessions.after_request_enqueued",
+    "sessions.client_before_reply_commit",
+    "sessions.after_reply_dequeued",
+)
+
+
+def test_fifty_outstanding_with_random_crashes(
+    open_db: Any, store_url: str, tmp_path: Path
+) -> None:
+    db = open_db()
+    n_items = 50
+    seed = int(os.environ.get("HOMING_CHAOS_SEED", str(random.randrange(1 << 30))))
+    rng = random.Random(seed)
+    make_tables(db)
+    stop_file = tmp_path / "stop"
+    client_faults = [f"{rng.choice(CLIENT_POINTS)}={rng.randint(1, 6)}*crash" for _ in range(6)]
+    server_faults = [f"sessions.server_before_commit={rng.randint(1, 8)}*crash" for _ in range(3)]
+    crashes = Counter[str]()
+    incarnation = 0
+
+    def start_client() -> Child:
+        faults = client_faults.pop(0) if client_faults else ""
+        return Child(tmp_path, "client", [store_url, "c1", str(n_items), str(incarnation)], faults)
+
+    def start_server() -> Child:
+        faults = server_faults.pop(0) if server_faults else ""
+        return Child(tmp_path, "server", [store_url, str(stop_file)], faults)
+
+    client = start_client()
+    servers = [start_server(), start_server()]
+    deadline = time.monotonic() + 70
+    while True:
+        assert time.monotonic() < deadline, f"no progress (seed {seed}); {crashes}"
+        rc = client.proc.poll()
+        if rc is not None:
+            if client.check(rc) == 0:
+                break
+            crashes["client"] += 1
+            incarnation += 1
+            client = start_client()
+        for k, server in enumerate(servers):
+            rc = server.proc.poll()
+            if rc is not None:
+                server.check(rc)
+                crashes["server"] += 1
+                servers[k] = start_server()
+        time.sleep(0.02)
+    stop_file.touch()
+    for server in servers:
+        assert server.check(server.wait()) == 0
+    report = check_exactly_once(db, "c1", n_items)
+    with db.store.transaction() as tx:
+        seen = Counter(str(r[0]) for r in tx.query("SELECT state FROM decisions"))
+    print(f"seed {seed}: crashes {dict(crashes)}, recovered states {dict(seen)}, {report}")
+    assert crashes["client"] >= 3 and crashes["server"] >= 1, (seed, crashes)
+
+
+if __name__ == "__main__":
+    role, *argv = sys.argv[1:]
+    if role == "client":
+        sys.exit(client_program(argv[0], argv[1], int(argv[2]), int(argv[3])))
+    sys.exit(server_program(argv[0], argv[1]))
