@@ -271,7 +271,7 @@ def test_fifty_outstanding_with_random_crashes(
     rng = random.Random(seed)
     make_tables(db)
     stop_file = tmp_path / "stop"
-    client_faults = [f"{rng.choice(CLIENT_POINTS)}={rng.randint(1, 6)}*crash" for _ in range(6)]
+    client_faults = [f"{rng.choice(CLIENT_POINTS)}={rng.randint(1, 6)}*crash" for _ in range(4)]
     server_faults = [f"sessions.server_before_commit={rng.randint(1, 8)}*crash" for _ in range(3)]
     crashes = Counter[str]()
     incarnation = 0
