@@ -1,7 +1,60 @@
-"""Schema of the messenger component (none yet)."""
+"""Schema of the messenger's durable mode (seed 003).
+
+- ``homing_messenger_channels``: one row per outgoing channel of a messenger (its name is
+  ``owner``): where it goes, the sender incarnation and the last message id handed out.
+- ``homing_messenger_out``: messages sent and not yet acknowledged (the pending list).
+- ``homing_messenger_seen``: per sender and channel, ``max_seen`` and the complement of
+  unseen ids below it (as ``lo-hi`` intervals), updated in the handler's transaction.
+"""
 
 from __future__ import annotations
 
 from homing.store.migrations import Migration
 
-MIGRATIONS: list[Migration] = []
+
+def _schema(int64: str, real: str, blob: str) -> tuple[str, ...]:
+    return (
+        f"""CREATE TABLE homing_messenger_channels (
+            owner TEXT NOT NULL,
+            channel TEXT NOT NULL,
+            route TEXT NOT NULL CHECK (route IN ('dealer', 'router')),
+            destination TEXT NOT NULL,
+            peer TEXT,
+            incarnation {int64} NOT NULL,
+            next_id {int64} NOT NULL DEFAULT 0,
+            created_at {real} NOT NULL,
+            PRIMARY KEY (owner, channel)
+        )""",
+        f"""CREATE TABLE homing_messenger_out (
+            owner TEXT NOT NULL,
+            channel TEXT NOT NULL,
+            message_id {int64} NOT NULL,
+            incarnation {int64} NOT NULL,
+            source_cb {int64} NOT NULL,
+            dest_cb {int64} NOT NULL,
+            callback_name TEXT,
+            body {blob} NOT NULL,
+            created_at {real} NOT NULL,
+            PRIMARY KEY (owner, channel, message_id)
+        )""",
+        f"""CREATE TABLE homing_messenger_seen (
+            owner TEXT NOT NULL,
+            sender TEXT NOT NULL,
+            channel TEXT NOT NULL,
+            incarnation {int64} NOT NULL,
+            max_seen {int64} NOT NULL,
+            complement TEXT NOT NULL,
+            updated_at {real} NOT NULL,
+            PRIMARY KEY (owner, sender, channel)
+        )""",
+    )
+
+
+MIGRATIONS: list[Migration] = [
+    Migration(
+        1,
+        "messenger",
+        _schema("INTEGER", "REAL", "BLOB"),
+        _schema("BIGINT", "DOUBLE PRECISION", "BYTEA"),
+    )
+]

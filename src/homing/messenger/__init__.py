@@ -1,0 +1,31 @@
+"""homing.messenger: ZeroMQ messaging with callbacks, retries and duplicate suppression (seed 003).
+
+``Messenger.send(destination, message, callback)`` buffers a message and returns at once;
+``Messenger.listen(endpoint, server_loop_callback)`` attaches a server-loop callback (SLC)
+to a ``tcp://``, ``ipc://`` or ``inproc://`` endpoint. Replies invoke the message-specific
+callback (MSC) given to ``send``; the messenger runs the MSC before the SLC. With a store
+(``Messenger(name, db=homing.connect(url))``) pending messages and seen ids are durable.
+"""
+
+from homing.messenger.core import (
+    NOOP,
+    Curve,
+    Incoming,
+    Messenger,
+    MessengerError,
+    Route,
+)
+from homing.messenger.seen import SeenSet, is_first_time
+from homing.messenger.wire import FrameError
+
+__all__ = [
+    "NOOP",
+    "Curve",
+    "FrameError",
+    "Incoming",
+    "Messenger",
+    "MessengerError",
+    "Route",
+    "SeenSet",
+    "is_first_time",
+]
