@@ -324,25 +324,27 @@ def test_duplicate_submit_of_the_same_request_id(db: homing.Database) -> None:
     assert Server(db, "q", lambda r, t: 1).run(until_idle=True) == 1
 
 
-@pytest.mark.parametrize(
-    ("call", "match"),
-    [
-        (lambda s: s.open(""), "client_id"),
-        (lambda s: s.open("a\x00b"), "printable"),
-        (lambda s: s.open(5), "client_id"),
-        (lambda s: s.open("c", keep_replies=0), "keep_replies"),
-        (lambda s: s.open("c").submit("", 1), "queue"),
-        (lambda s: s.open("c").submit("q", float("nan")), "JSON"),
-        (lambda s: s.open("c").submit("q", object()), "JSON"),
-        (lambda s: s.open("c").submit("q", 1, request_id=""), "request id"),
-        (lambda s: s.open("c").take_reply(timeout=-1), "timeout"),
-        (lambda s: s.lookup(""), "request id"),
-        (lambda s: s.open("c").resubmit(), "no unsubmitted request"),
-    ],
-)
-def test_bad_input_is_refused_clearly(db: homing.Database, call: Any, match: str) -> None:
-    with pytest.raises(homing.HomingError, match=match):
-        call(Sessions(db))
+BAD_CALLS: list[tuple[Any, str]] = [
+    (lambda s: s.open(""), "client_id"),
+    (lambda s: s.open("a\x00b"), "printable"),
+    (lambda s: s.open(5), "client_id"),
+    (lambda s: s.open("c", keep_replies=0), "keep_replies"),
+    (lambda s: s.open("c").submit("", 1), "queue"),
+    (lambda s: s.open("c").submit("q", float("nan")), "JSON"),
+    (lambda s: s.open("c").submit("q", object()), "JSON"),
+    (lambda s: s.open("c").submit("q", 1, request_id=""), "request id"),
+    (lambda s: s.open("c").take_reply(timeout=-1), "timeout"),
+    (lambda s: s.lookup(""), "request id"),
+    (lambda s: s.open("c").resubmit(), "no unsubmitted request"),
+]
+
+
+def test_bad_input_is_refused_clearly(db: homing.Database) -> None:
+    sessions = Sessions(db)
+    for k, (call, match) in enumerate(BAD_CALLS):
+        with pytest.raises(homing.HomingError, match=match):
+            call(sessions)
+            pytest.fail(f"bad call {k} was accepted")
 
 
 def test_oversize_body(db: homing.Database) -> None:

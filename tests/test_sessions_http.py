@@ -1,0 +1,184 @@
+"""The sessions HTTP API (homing.sessions.asgi) in process, on both backends."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+import homing
+from homing.sessions import Server
+from homing.sessions.asgi import create_app
+
+
+class AppClient:
+    """A synchronous face over ``httpx.ASGITransport``: the app runs in process."""
+
+    def __init__(self, app: Any) -> None:
+        self.transport = httpx.ASGITransport(app=app, raise_app_exceptions=True)
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        async def go() -> httpx.Response:
+            async with httpx.AsyncClient(transport=self.transport, base_url="http://t") as c:
+                return await c.request(method, path, **kwargs)
+
+        return asyncio.run(go())
+
+    def get(self, path: str, **kwargs: Any) -> httpx.Response:
+        return self.request("GET", path, **kwargs)
+
+    def post(self, path: str, **kwargs: Any) -> httpx.Response:
+        return self.request("POST", path, **kwargs)
+
+    def delete(self, path: str, **kwargs: Any) -> httpx.Response:
+        return self.request("DELETE", path, **kwargs)
+
+
+@pytest.fixture
+def http(db: homing.Database) -> Iterator[AppClient]:
+    yield AppClient(create_app(db))
+
+
+def serve(db: homing.Database) -> int:
+    return Server(db, "orders", lambda r, t: {"total": r.body["qty"] * 3}).run(until_idle=True)
+
+
+def test_walk_through_the_four_states(http: AppClient, db: homing.Database) -> None:
+    r = http.post("/clients/shop-1/session", json={"keep_replies": 10})
+    assert r.status_code == 201 and r.json()["reestablished"] is False
+    r = http.post("/clients/shop-1/session")
+    assert r.status_code == 200 and r.json()["reestablished"] is True
+    assert r.json()["connects"] == 2
+
+    # A: Transaction 0 only
+    r = http.post("/clients/shop-1/prepare", json={"queue": "orders", "body": {"qty": 2}})
+    assert r.status_code == 201
+    rid = r.json()["request_id"]
+    rec = http.get("/clients/shop-1/recover").json()
+    assert rec["last"]["state"] == "A" and rec["last"]["action"] == "resubmit_or_drop"
+    assert rec["last"]["body"] == {"qty": 2}
+    assert http.post("/clients/shop-1/resubmit").json()["request_id"] == rid
+    # B
+    rec = http.get("/clients/shop-1/recover").json()
+    assert (rec["last"]["state"], rec["last_enqueued_id"]) == ("B", rid)
+    assert http.post("/clients/shop-1/replies/take").status_code == 204
+    # C
+    serve(db)
+    rec = http.get("/clients/shop-1/recover").json()
+    assert rec["last"]["state"] == "C" and rec["last"]["reply"]["body"] == {"total": 6}
+    peek = http.get("/clients/shop-1/replies/next")
+    assert peek.status_code == 200 and peek.json()["request_id"] == rid
+    r = http.post("/clients/shop-1/replies/take", json={"request_id": rid})
+    assert r.status_code == 200 and r.json()["body"] == {"total": 6} and r.json()["ok"]
+    # D
+    rec = http.get("/clients/shop-1/recover").json()
+    assert rec["last"]["state"] == "D" and rec["last_dequeued_id"] == rid
+    assert http.post("/clients/shop-1/replies/confirm", json={"request_ids": [rid]}).json() == {
+        "forgotten": 1
+    }
+    looked = http.get(f"/requests/{rid}").json()
+    assert looked["state"] == "taken" and looked["reply"] == {"total": 6}
+    assert looked["confirmed_at"] is not None
+    info = http.get("/clients/shop-1/session").json()
+    assert info["unfinished"] == [] and info["dequeued"] == []
+    assert http.delete("/clients/shop-1/session").status_code == 204
+    assert http.get("/clients/shop-1/session").status_code == 404
+
+
+def test_submit_and_client_kept_last_request(http: AppClient, db: homing.Database) -> None:
+    http.post("/clients/c/session")
+    rid = homing.uuid7()
+    r = http.get("/clients/c/recover", params={"last_request_id": rid})
+    assert r.json()["last"]["state"] == "A"
+    r = http.post(
+        "/clients/c/requests",
+        json={"queue": "orders", "body": {"qty": 1}, "request_id": rid, "remember": False},
+    )
+    assert r.status_code == 201 and r.json()["request_id"] == rid
+    assert (
+        http.get("/clients/c/recover", params={"last_request_id": rid}).json()["last"]["state"]
+        == "B"
+    )
+    serve(db)
+    r = http.post("/clients/c/replies/take", json={"timeout": 1})
+    assert r.status_code == 200 and r.json()["request_id"] == rid
+
+
+def test_drop(http: AppClient) -> None:
+    http.post("/clients/c/session")
+    http.post("/clients/c/prepare", json={"queue": "orders", "body": 1})
+    assert http.post("/clients/c/drop").json()["body"] == 1
+    assert http.get("/clients/c/recover").json()["last"] is None
+    assert http.post("/clients/c/drop").status_code == 409
+
+
+BAD: list[tuple[str, str, Any, int, str]] = [
+    # method, path, body (bytes or json), status, text in the error
+    ("get", "/clients/ghost/session", None, 404, "no session"),
+    ("post", "/clients/ghost/requests", {"queue": "q", "body": 1}, 404, "no session"),
+    ("get", "/clients/ghost/recover", None, 404, "no session"),
+    ("post", "/clients/ghost/replies/take", None, 404, "no session"),
+    ("get", "/requests/nope", None, 404, "no request"),
+    ("post", "/clients/c/requests", b"{not json", 400, "invalid JSON"),
+    ("post", "/clients/c/requests", b'{"queue": "q", "body": NaN}', 400, "NaN"),
+    ("post", "/clients/c/requests", b'{"queue": "q", "queue": "r"}', 400, "twice"),
+    ("post", "/clients/c/requests", b"[1, 2]", 400, "JSON object"),
+    ("post", "/clients/c/requests", b"", 400, "JSON object body"),
+    ("post", "/clients/c/requests", b"\xff\xfe", 400, "UTF-8"),
+    ("post", "/clients/c/requests", b'{"body": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400, "deep"),
+    ("post", "/clients/c/requests", b'{"queue": "q", "body": 1' + b"0" * 5000 + b"}", 400, "JSON"),
+    ("post", "/clients/c/requests", {"body": 1}, 400, "queue"),
+    ("post", "/clients/c/requests", {"queue": "", "body": 1}, 400, "queue"),
+    ("post", "/clients/c/requests", {"queue": {"a": 1}}, 400, "queue"),
+    ("post", "/clients/c/requests", {"queue": "q", "request_id": 5}, 400, "request id"),
+    ("post", "/clients/c/requests", {"queue": "q", "remember": "yes"}, 400, "remember"),
+    ("post", "/clients/c/requests", {"queue": "q", "extra": 1}, 400, "unknown field"),
+    ("post", "/clients/c/requests", {"queue": "q", "body": "x" * 2_000_000}, 413, "limit"),
+    ("post", "/clients/c/replies/confirm", {"request_ids": "abc"}, 400, "list"),
+    ("post", "/clients/c/replies/confirm", {}, 400, "request_ids"),
+    ("post", "/clients/c/replies/confirm", {"request_ids": ["never"]}, 409, "never dequeued"),
+    ("post", "/clients/c/replies/take", {"timeout": "soon"}, 400, "timeout"),
+    ("post", "/clients/c/replies/take", {"timeout": 1e9}, 400, "timeout"),
+    ("post", "/clients/c/session", {"keep_replies": -1}, 400, "keep_replies"),
+    ("post", "/clients/c/session", {"keep_replies": True}, 400, "keep_replies"),
+    ("post", "/clients/c/resubmit", None, 409, "no unsubmitted"),
+]
+
+
+def test_bad_input_gets_a_clear_4xx(http: AppClient) -> None:
+    http.post("/clients/c/session")
+    for method, path, body, status, text in BAD:
+        case = f"{method} {path} {str(body)[:60]}"
+        kwargs: dict[str, Any] = {}
+        if isinstance(body, bytes):
+            kwargs["content"] = body
+        elif body is not None:
+            kwargs["json"] = body
+        r = http.request(method.upper(), path, **kwargs)
+        assert r.status_code == status, (case, r.text)
+        assert text in r.json()["error"], (case, r.json())
+        # nothing was written by the bad call
+        info = http.get("/clients/c/session").json()
+        assert info["unfinished"] == [] and info["last_request_id"] is None, case
+
+
+def test_duplicate_request_id_is_409(http: AppClient) -> None:
+    http.post("/clients/c/session")
+    rid = homing.uuid7()
+    body = {"queue": "q", "body": 1, "request_id": rid}
+    assert http.post("/clients/c/requests", json=body).status_code == 201
+    r = http.post("/clients/c/requests", json=body)
+    assert r.status_code == 409 and r.json()["type"] == "DuplicateRequest"
+
+
+def test_lying_content_length(http: AppClient) -> None:
+    http.post("/clients/c/session")
+    r = http.post(
+        "/clients/c/requests",
+        content=b'{"queue": "q"}',
+        headers={"content-length": "99999999999", "content-type": "application/json"},
+    )
+    assert r.status_code == 413
