@@ -1,0 +1,334 @@
+"""Every SQL statement of the spark component. Domain-level functions over an open ``Tx``.
+
+Positions of a stream over one queue (job type) are two commit-ordered cursors:
+
+- plain rows (inserted visible, ``staged_in IS NULL``) by ``(xid, seq)``: on SQLite ``xid`` is
+  always 0 and ``seq`` is in commit order (one writer); on PostgreSQL ``xid`` is the inserting
+  transaction and only rows below the snapshot's xmin are read, so nothing can still commit
+  behind a returned position;
+- staged rows (written invisibly by Spark tasks) by ``(commit_no, seq)``, where ``commit_no``
+  numbers the commits that published their batches, in commit order.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from homing.store import jobs_queries as q
+from homing.store.protocol import Tx
+
+BIG = 2**62
+
+STREAM_COLUMNS = ("id", "seq", "type", "args", "priority", "run_at", "created_at", "parent_id")
+TABLE_COLUMNS = (
+    *STREAM_COLUMNS,
+    "state",
+    "attempts",
+    "finished_at",
+    "last_error",
+)
+
+
+def _select(tx: Tx, columns: Sequence[str], alias: str = "j") -> str:
+    out = []
+    for c in columns:
+        if c == "args" and tx.dialect == "postgres":
+            out.append(f"{alias}.args::text")
+        else:
+            out.append(f"{alias}.{c}")
+    return ", ".join(out)
+
+
+_VISIBLE = (
+    "(j.batch_id IS NULL OR j.batch_id IN "
+    "(SELECT batch_id FROM homing_job_batches WHERE state = 'committed'))"
+)
+
+
+# -- batch reads -------------------------------------------------------------------------
+def seq_bounds(tx: Tx, queue: str | None) -> tuple[int, int]:
+    """Lowest and highest ``seq`` of a queue's rows (0, 0 when empty)."""
+    if queue is None:
+        row = tx.query_one("SELECT MIN(seq), MAX(seq) FROM homing_jobs")
+    else:
+        row = tx.query_one("SELECT MIN(seq), MAX(seq) FROM homing_jobs WHERE type = ?", (queue,))
+    if row is None or row[0] is None:
+        return 0, 0
+    return int(row[0]), int(row[1])
+
+
+def read_table(
+    tx: Tx, queue: str | None, seq_lo: int, seq_hi: int, lease_token: str | None
+) -> list[tuple[Any, ...]]:
+    """Visible rows with ``seq_lo < seq <= seq_hi`` (of one queue, or one lease when given)."""
+    where = ["j.seq > ?", "j.seq <= ?", _VISIBLE]
+    params: list[Any] = [seq_lo, seq_hi]
+    if queue is not None:
+        where.append("j.type = ?")
+        params.append(queue)
+    if lease_token is not None:
+        where.append("j.lease_token = ? AND j.state = 'running'")
+        params.append(lease_token)
+    return tx.query(
+        f"SELECT {_select(tx, TABLE_COLUMNS)} FROM homing_jobs j WHERE {' AND '.join(where)} "
+        "ORDER BY j.seq",
+        params,
+    )
+
+
+def leased_bounds(tx: Tx, lease_token: str) -> tuple[int, int, int]:
+    """(count, min seq, max seq) of the running jobs held under one lease token."""
+    row = tx.query_one(
+        "SELECT COUNT(*), MIN(seq), MAX(seq) FROM homing_jobs "
+        "WHERE lease_token = ? AND state = 'running'",
+        (lease_token,),
+    )
+    if row is None or not row[0]:
+        return 0, 0, 0
+    return int(row[0]), int(row[1]), int(row[2])
+
+
+# -- stream positions --------------------------------------------------------------------
+def _below_xmin(tx: Tx) -> str:
+    if tx.dialect == "postgres":
+        return " AND xid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
+    return ""
+
+
+def plain_end(
+    tx: Tx, queue: str, start: tuple[int, int], limit: int | None
+) -> tuple[tuple[int, int], int]:
+    """The position after at most ``limit`` plain rows past ``start``; and how many rows."""
+    xid = "xid" if tx.dialect == "postgres" else "0"
+    after = "(xid > ? OR (xid = ? AND seq > ?))" if tx.dialect == "postgres" else "seq > ?"
+    params: list[Any] = (
+        [queue, start[0], start[0], start[1]] if tx.dialect == "postgres" else [queue, start[1]]
+    )
+    base = (
+        f"SELECT {xid}, seq FROM homing_jobs WHERE type = ? AND staged_in IS NULL AND {after}"
+        f"{_below_xmin(tx)}"
+    )
+    order = "ORDER BY xid, seq" if tx.dialect == "postgres" else "ORDER BY seq"
+    if limit is None:
+        desc = "ORDER BY xid DESC, seq DESC" if tx.dialect == "postgres" else "ORDER BY seq DESC"
+        row = tx.query_one(f"{base} {desc} LIMIT 1", params)
+        return ((int(row[0]), int(row[1])) if row else start), (1 if row else 0)
+    if limit <= 0:
+        return start, 0
+    rows = tx.query(f"{base} {order} LIMIT ?", [*params, limit])
+    if not rows:
+        return start, 0
+    return (int(rows[-1][0]), int(rows[-1][1])), len(rows)
+
+
+def staged_end(
+    tx: Tx, queue: str, start: tuple[int, int], limit: int | None
+) -> tuple[tuple[int, int], int]:
+    """The position after at most ``limit`` rows of published staged batches past ``start``."""
+    base = (
+        "SELECT c.commit_no, j.seq FROM homing_spark_commits c "
+        "JOIN homing_jobs j ON j.staged_in = c.staged_batch "
+        "WHERE j.type = ? AND (c.commit_no > ? OR (c.commit_no = ? AND j.seq > ?))"
+    )
+    params: list[Any] = [queue, start[0], start[0], start[1]]
+    if limit is None:
+        row = tx.query_one(f"{base} ORDER BY c.commit_no DESC, j.seq DESC LIMIT 1", params)
+        return ((int(row[0]), int(row[1])) if row else start), (1 if row else 0)
+    if limit <= 0:
+        return start, 0
+    rows = tx.query(f"{base} ORDER BY c.commit_no, j.seq LIMIT ?", [*params, limit])
+    if not rows:
+        return start, 0
+    return (int(rows[-1][0]), int(rows[-1][1])), len(rows)
+
+
+def plain_seq_range(
+    tx: Tx, queue: str, start: tuple[int, int], end: tuple[int, int]
+) -> tuple[int, int, int]:
+    """(count, min seq, max seq) of the plain rows in ``(start, end]``."""
+    where, params = _plain_range(tx, queue, start, end)
+    row = tx.query_one(
+        f"SELECT COUNT(*), MIN(seq), MAX(seq) FROM homing_jobs WHERE {where}", params
+    )
+    if row is None or not row[0]:
+        return 0, 0, 0
+    return int(row[0]), int(row[1]), int(row[2])
+
+
+def _plain_range(
+    tx: Tx, queue: str, start: tuple[int, int], end: tuple[int, int]
+) -> tuple[str, list[Any]]:
+    if tx.dialect == "postgres":
+        return (
+            "type = ? AND staged_in IS NULL AND (xid > ? OR (xid = ? AND seq > ?)) "
+            "AND (xid < ? OR (xid = ? AND seq <= ?))",
+            [queue, start[0], start[0], start[1], end[0], end[0], end[1]],
+        )
+    return "type = ? AND staged_in IS NULL AND seq > ? AND seq <= ?", [queue, start[1], end[1]]
+
+
+def read_plain(
+    tx: Tx,
+    queue: str,
+    start: tuple[int, int],
+    end: tuple[int, int],
+    seq_lo: int,
+    seq_hi: int,
+) -> list[tuple[Any, ...]]:
+    """Plain rows in ``(start, end]`` with ``seq_lo <= seq <= seq_hi``, in seq order."""
+    where, params = _plain_range(tx, queue, start, end)
+    return tx.query(
+        f"SELECT {_select(tx, TABLE_COLUMNS)} FROM homing_jobs j WHERE {where} "
+        "AND seq >= ? AND seq <= ? ORDER BY seq",
+        [*params, seq_lo, seq_hi],
+    )
+
+
+def published_batches(tx: Tx, bno_lo: int, bno_hi: int) -> list[tuple[int, str]]:
+    """(commit_no, staged batch) of the publications numbered ``bno_lo..bno_hi``."""
+    return [
+        (int(n), str(b))
+        for n, b in tx.query(
+            "SELECT commit_no, staged_batch FROM homing_spark_commits "
+            "WHERE commit_no >= ? AND commit_no <= ? ORDER BY commit_no",
+            (bno_lo, bno_hi),
+        )
+    ]
+
+
+def read_staged(
+    tx: Tx, queue: str, staged_batch: str, seq_lo: int, seq_hi: int
+) -> list[tuple[Any, ...]]:
+    """Rows of one published staged batch with ``seq_lo < seq <= seq_hi``."""
+    return tx.query(
+        f"SELECT {_select(tx, TABLE_COLUMNS)} FROM homing_jobs j WHERE j.staged_in = ? "
+        "AND j.type = ? AND j.seq > ? AND j.seq <= ? ORDER BY j.seq",
+        (staged_batch, queue, seq_lo, seq_hi),
+    )
+
+
+# -- consumer cursors --------------------------------------------------------------------
+def get_cursor(tx: Tx, consumer: str, queue: str) -> dict[str, int] | None:
+    row = tx.query_one(
+        "SELECT position FROM homing_spark_cursors WHERE consumer = ? AND queue = ?",
+        (consumer, queue),
+    )
+    return {k: int(v) for k, v in json.loads(row[0]).items()} if row else None
+
+
+def set_cursor(tx: Tx, consumer: str, queue: str, position: dict[str, int], now: float) -> None:
+    tx.execute(
+        "INSERT INTO homing_spark_cursors (consumer, queue, position, updated_at) "
+        "VALUES (?, ?, ?, ?) ON CONFLICT (consumer, queue) DO UPDATE SET "
+        "position = excluded.position, updated_at = excluded.updated_at",
+        (consumer, queue, json.dumps(position, sort_keys=True), now),
+    )
+
+
+# -- staged writes -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class StagedJob:
+    id: str
+    type: str
+    args_json: str
+    priority: int
+    run_at: float
+    parent_id: str | None
+
+
+def stage_jobs(tx: Tx, staged_batch: str, jobs: Sequence[StagedJob], *, now: float) -> None:
+    """Write jobs invisibly into ``staged_batch``.
+
+    A job whose id exists already is left alone, except when it sits in another batch that
+    was never published (the orphan of a crashed run): then it is re-pointed into this one,
+    so it becomes visible with this batch. Committed, grabbed and finished jobs never move.
+    """
+    args_param = "?::jsonb" if tx.dialect == "postgres" else "?"
+    tx.executemany(
+        "INSERT INTO homing_jobs (id, type, args, priority, state, run_at, available_at, "
+        "parent_id, created_at, batch_id, staged_in) "
+        f"VALUES (?, ?, {args_param}, ?, 'ready', ?, ?, ?, ?, ?, ?) "
+        "ON CONFLICT (id) DO UPDATE SET batch_id = excluded.batch_id, "
+        "staged_in = excluded.staged_in "
+        "WHERE homing_jobs.batch_id IS NOT NULL AND homing_jobs.batch_id <> excluded.batch_id "
+        "AND homing_jobs.state = 'ready' AND NOT EXISTS (SELECT 1 FROM homing_job_batches b "
+        "WHERE b.batch_id = homing_jobs.batch_id AND b.state = 'committed')",
+        [
+            (
+                j.id,
+                j.type,
+                j.args_json,
+                j.priority,
+                j.run_at,
+                j.run_at,
+                j.parent_id,
+                now,
+                staged_batch,
+                staged_batch,
+            )
+            for j in jobs
+        ],
+    )
+
+
+def open_batch(tx: Tx, staged_batch: str, *, now: float, info: str) -> str:
+    return q.open_batch(tx, staged_batch, now=now, info=info)
+
+
+def batch_state(tx: Tx, staged_batch: str) -> str | None:
+    return q.batch_state(tx, staged_batch)
+
+
+def publication(tx: Tx, staged_batch: str) -> int | None:
+    """The commit number that published ``staged_batch``, or None if it is unpublished."""
+    row = tx.query_one(
+        "SELECT commit_no FROM homing_spark_commits WHERE staged_batch = ?", (staged_batch,)
+    )
+    return int(row[0]) if row else None
+
+
+def publish(
+    tx: Tx, staged_batch: str, *, sink: str, label: str, now: float, parents: int = 0
+) -> bool:
+    """Make ``staged_batch`` visible and number the publication; False if it was already.
+
+    One row update (the batch) and one insert (the publication), however many jobs the
+    batch holds. Idempotent per staged batch, so a doubled Spark commit publishes once.
+    """
+    if publication(tx, staged_batch) is not None:
+        return False
+    q.open_batch(tx, staged_batch, now=now, info=f"spark {sink} {label}")
+    q.commit_batch(tx, staged_batch, now=now)
+    if tx.dialect == "postgres":
+        # The counter row stays locked until this transaction ends: numbers commit in order.
+        row = tx.query_one("UPDATE homing_spark_sequencer SET n = n + 1 WHERE one = 1 RETURNING n")
+        assert row is not None
+        tx.execute(
+            "INSERT INTO homing_spark_commits (commit_no, staged_batch, sink, label, "
+            "committed_at, parents) VALUES (?, ?, ?, ?, ?, ?)",
+            (int(row[0]), staged_batch, sink, label, now, parents),
+        )
+    else:
+        tx.execute(
+            "INSERT INTO homing_spark_commits (staged_batch, sink, label, committed_at, parents) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (staged_batch, sink, label, now, parents),
+        )
+    return True
+
+
+def complete_leased(tx: Tx, lease_token: str, *, now: float) -> int:
+    """Mark every running job held under ``lease_token`` done; returns how many."""
+    return tx.rowcount(
+        "UPDATE homing_jobs SET state = 'done', finished_at = ?, lease_expires_at = NULL "
+        "WHERE lease_token = ? AND state = 'running'",
+        (now, lease_token),
+    )
+
+
+def staged_count(tx: Tx, staged_batch: str) -> int:
+    row = tx.query_one("SELECT COUNT(*) FROM homing_jobs WHERE staged_in = ?", (staged_batch,))
+    return int(row[0]) if row else 0
