@@ -1,0 +1,1 @@
+"""Side-by-side benchmarks of homing against its peers (issue 9). Run ``python -m bench``."""
