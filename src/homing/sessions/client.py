@@ -388,7 +388,7 @@ class Session:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
-            poll = 0.01 if self._store.dialect == "sqlite" else 0.2
+            poll = 0.01 if self._store.dialect == "sqlite" else 0.05
             self._store.wait_for_notification(q.REPLY_CHANNEL, min(remaining, poll))
 
     def _take_once(self, handler: ReplyHandler | None, request_id: str | None) -> Reply | None:

@@ -137,7 +137,7 @@ class Server:
         stop: threading.Event | None = None,
         *,
         until_idle: bool = False,
-        idle_wait: float = 1.0,
+        idle_wait: float = 0.2,
     ) -> int:
         """Serve until ``stop`` is set (or, with ``until_idle``, until no request is due);
         returns how many requests were handled."""

@@ -1,0 +1,121 @@
+"""Request/reply round trips per second through sessions (Transactions 0-3), 1 and 16 clients.
+
+    python -m homing.sessions.bench [--seconds 5] [--postgres URL] [--json out.json]
+
+Each client thread loops: submit (T0 + T1), wait for the reply, take it (T3); server
+threads answer (T2). Durable commits (SQLite synchronous=FULL, PostgreSQL fsync) as in
+production. Prints one row per backend and client count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import threading
+import time
+from typing import Any
+
+import homing
+from homing.sessions.client import Sessions
+from homing.sessions.server import Server
+
+DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def run_one(url: str, clients: int, servers: int, seconds: float) -> dict[str, Any]:
+    db = homing.connect(url, pool_size=clients + servers + 4)
+    assert isinstance(db, homing.Database)
+    api = Sessions(db)
+    stop = threading.Event()
+    counts = [0] * clients
+    latencies: list[float] = []
+    lock = threading.Lock()
+
+    def client(k: int) -> None:
+        session = api.open(f"bench-{k}")
+        mine: list[float] = []
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            request = session.submit("bench", {"k": k, "n": counts[k]})
+            reply = session.take_reply(request_id=request.id, timeout=30)
+            if reply is None:
+                continue
+            mine.append(time.perf_counter() - t0)
+            counts[k] += 1
+        with lock:
+            latencies.extend(mine)
+
+    server_stop = threading.Event()
+    srv = [Server(db, "bench", lambda r, t: r.body) for _ in range(servers)]
+    server_threads = [
+        threading.Thread(target=s.run, args=(server_stop,), kwargs={"idle_wait": 0.05}) for s in srv
+    ]
+    client_threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
+    for t in server_threads:
+        t.start()
+    start = time.perf_counter()
+    for t in client_threads:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in client_threads:
+        t.join()
+    elapsed = time.perf_counter() - start
+    server_stop.set()
+    for t in server_threads:
+        t.join()
+    Sessions(db).gc(older_than=0)
+    db.close()
+    latencies.sort()
+    total = sum(counts)
+
+    def pct(p: float) -> float:
+        return (
+            latencies[min(len(latencies) - 1, int(p * len(latencies)))] * 1000 if latencies else 0.0
+        )
+
+    return {
+        "backend": url.split(":", 1)[0],
+        "clients": clients,
+        "servers": servers,
+        "round_trips": total,
+        "seconds": round(elapsed, 2),
+        "round_trips_per_s": round(total / elapsed, 1),
+        "p50_ms": round(pct(0.5), 2),
+        "p99_ms": round(pct(0.99), 2),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--postgres", default=DEFAULT_PG)
+    parser.add_argument("--clients", default="1,16")
+    parser.add_argument("--json", dest="json_path", default=None)
+    args = parser.parse_args()
+    results = []
+    tmp = tempfile.mkdtemp(prefix="homing-sessions-bench-")
+    schema = "homing_bench_sessions"  # reused between runs; gc() empties it
+    sep = "&" if "?" in args.postgres else "?"
+    targets = [
+        ("sqlite", f"sqlite:///{tmp}/bench.db", 1),
+        ("postgres", f"{args.postgres}{sep}schema={schema}", 2),
+    ]
+    for _, url, servers in targets:
+        for clients in (int(c) for c in args.clients.split(",")):
+            row = run_one(url, clients, servers, args.seconds)
+            results.append(row)
+            print(
+                f"{row['backend']:10} clients={clients:3} servers={servers} "
+                f"{row['round_trips_per_s']:8.1f} round trips/s  p50 {row['p50_ms']:.1f} ms  "
+                f"p99 {row['p99_ms']:.1f} ms",
+                flush=True,
+            )
+    if args.json_path:
+        with open(args.json_path, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""``homing sessions``: inspect client sessions and look up past requests."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import click
+
+from homing.cli import emit, json_option, open_db
+from homing.errors import ConfigurationError
+from homing.sessions._model import Recovery, RequestRecord, SessionInfo
+from homing.sessions.client import Sessions
+
+
+def _sessions(db: Any) -> Sessions:
+    if hasattr(db, "shards"):
+        raise ConfigurationError("sessions live in one store; pass one URL with --db, not shards")
+    return Sessions(db)
+
+
+def _when(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
+
+
+@click.group()
+def sessions() -> None:
+    """Client sessions of queued request/reply (seed 004)."""
+
+
+@sessions.command()
+@click.argument("client_id")
+@json_option
+@click.pass_context
+def show(ctx: click.Context, client_id: str, as_json: bool) -> None:
+    """Show the session of CLIENT_ID and the recovery state of each of its requests."""
+    with open_db(ctx) as db:
+        api = _sessions(db)
+        info = api.info(client_id)
+        rec = api.attach(client_id).recover()
+
+    def human(data: tuple[SessionInfo, Recovery]) -> None:
+        i, r = data
+        click.echo(f"client          {i.client_id}\nconnects        {i.connects}")
+        click.echo(
+            f"created         {_when(i.created_at)}\nreconnected     {_when(i.reconnected_at)}"
+        )
+        click.echo(f"LastRequest     {i.last_request_id or '-'}")
+        click.echo(f"LastEnqueuedID  {i.last_enqueued_id or '-'}")
+        click.echo(f"LastDequeuedID  {i.last_dequeued_id or '-'}")
+        if r.last is not None:
+            click.echo(f"last request    state {r.last.state}: {r.last.meaning} -> {r.last.action}")
+        for s in r.requests:
+            click.echo(f"  {s.request_id}  {s.state}  {s.action:17}  {json.dumps(s.body)[:60]}")
+
+    data = (info, rec)
+    if as_json:
+        emit({"session": info.as_dict(), "recovery": rec.as_dict()}, True)
+    else:
+        human(data)
+
+
+@sessions.command()
+@click.argument("request_id")
+@json_option
+@click.pass_context
+def lookup(ctx: click.Context, request_id: str, as_json: bool) -> None:
+    """Status and reply of any request within the retention period."""
+    with open_db(ctx) as db:
+        record = _sessions(db).lookup(request_id)
+
+    def human(r: RequestRecord) -> None:
+        click.echo(f"request   {r.id}\nclient    {r.client_id}\nqueue     {r.queue}")
+        click.echo(f"state     {r.state}\nattempts  {r.attempts}\nserver    {r.server or '-'}")
+        click.echo(f"created   {_when(r.created_at)}\nreplied   {_when(r.replied_at)}")
+        click.echo(f"taken     {_when(r.taken_at)}\nconfirmed {_when(r.confirmed_at)}")
+        click.echo(f"body      {json.dumps(r.body)}")
+        click.echo(
+            f"reply     {json.dumps(r.reply)}" + (f"\nerror     {r.error}" if r.error else "")
+        )
+
+    emit(record, as_json, human)
+
+
+@sessions.command()
+@json_option
+@click.pass_context
+def queues(ctx: click.Context, as_json: bool) -> None:
+    """Requests waiting per queue: queued (not yet processed) and replied (not yet taken)."""
+    with open_db(ctx) as db:
+        rows = _sessions(db).queue_depths()
+    data = [{"queue": q, "state": s, "count": n} for q, s, n in rows]
+    emit(
+        data,
+        as_json,
+        lambda d: click.echo(
+            "\n".join(f"{r['queue']:30} {r['state']:8} {r['count']}" for r in d)
+            or "no requests waiting"
+        ),
+    )
+
+
+@sessions.command()
+@click.option("--older-than", type=float, default=None, help="Seconds; default: the retention.")
+@json_option
+@click.pass_context
+def gc(ctx: click.Context, older_than: float | None, as_json: bool) -> None:
+    """Delete finished requests past the retention period."""
+    with open_db(ctx) as db:
+        n = _sessions(db).gc(older_than=older_than)
+    emit({"deleted": n}, as_json, lambda d: click.echo(f"deleted {d['deleted']} finished requests"))
+
+
+@sessions.command()
+@click.argument("queues")
+@click.option(
+    "--handler",
+    "handler_path",
+    required=True,
+    help="module:function called as function(request, txn) -> reply body (JSON).",
+)
+@click.option("--max-attempts", type=int, default=5, show_default=True)
+@click.option(
+    "--retry-in", type=float, default=1.0, show_default=True, help="First retry delay, s."
+)
+@click.pass_context
+def server(
+    ctx: click.Context, queues: str, handler_path: str, max_attempts: int, retry_in: float
+) -> None:
+    """Answer requests of QUEUES (comma-separated) with a Python handler until SIGTERM/Ctrl-C."""
+    import importlib
+    import signal
+    import threading
+
+    from homing.sessions.server import Server
+
+    module_name, _, attr = handler_path.partition(":")
+    try:
+        handler = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise click.BadParameter(
+            f"cannot load {handler_path!r} ({exc}); give module:function importable from here"
+        ) from exc
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with open_db(ctx) as db:
+        srv = Server(db, queues.split(","), handler, max_attempts=max_attempts, retry_in=retry_in)
+        click.echo(f"serving {', '.join(srv.queues)} as {srv.name}", err=True)
+        try:
+            n = srv.run(stop, idle_wait=0.5)
+        except KeyboardInterrupt:
+            n = -1
+    click.echo(f"stopped; handled {n} requests" if n >= 0 else "stopped", err=True)
