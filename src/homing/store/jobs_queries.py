@@ -268,10 +268,16 @@ def grab_jobs(
     old_cols = "seq, state, holder_host, holder_pid, holder_worker, lease_expires_at"
     if tx.dialect == "postgres":
         sql = (
-            f"WITH plain AS (SELECT {old_cols} FROM homing_jobs "
-            "WHERE type = ANY(?) AND state IN ('ready', 'running') AND available_at <= ? "
+            # One ordered index scan per type (LATERAL), merged: `type = ANY(...)` would make
+            # PostgreSQL sort every ready job of those types on each grab.
+            "WITH plain AS (SELECT "
+            + ", ".join(f"c.{c}" for c in old_cols.split(", "))
+            + " FROM unnest(?::text[]) AS t(name) CROSS JOIN LATERAL ("
+            f"SELECT {old_cols}, priority, available_at FROM homing_jobs "
+            "WHERE type = t.name AND state IN ('ready', 'running') AND available_at <= ? "
             f"AND batch_id IS NULL{where_sql} "
-            "ORDER BY priority DESC, available_at, seq LIMIT ? FOR UPDATE SKIP LOCKED), "
+            "ORDER BY priority DESC, available_at, seq LIMIT ? FOR UPDATE SKIP LOCKED) c "
+            "ORDER BY c.priority DESC, c.available_at, c.seq LIMIT ?), "
             f"staged AS (SELECT {old_cols} FROM homing_jobs WHERE batch_id IN "
             "(SELECT batch_id FROM homing_job_batches WHERE state = 'committed') "
             f"AND type = ANY(?) AND state = 'ready' AND available_at <= ?{where_sql} "
@@ -282,15 +288,19 @@ def grab_jobs(
             "cand.state, cand.holder_host, cand.holder_pid, cand.holder_worker, cand.lease_expires_at"
         )
         pick = [list(types), now, *where_params, limit]
-        rows = tx.query(sql, [*pick, *pick, limit, *lease_params])
+        rows = tx.query(sql, [*pick, limit, *pick, limit, *lease_params])
     else:
+        # One ordered index scan per type, merged here (an IN list would sort them all).
+        found = []
+        for name in types:
+            found += tx.query(
+                f"SELECT {old_cols}, priority, available_at FROM homing_jobs WHERE type = ? "
+                "AND state IN ('ready', 'running') AND available_at <= ? AND batch_id IS NULL"
+                f"{where_sql} ORDER BY priority DESC, available_at, seq LIMIT ?",
+                [name, now, *where_params, limit],
+            )
+        found = [r[:6] for r in sorted(found, key=lambda r: (-r[6], r[7], r[0]))[:limit]]
         marks = ", ".join("?" for _ in types)
-        found = tx.query(
-            f"SELECT {old_cols} FROM homing_jobs WHERE type IN ({marks}) "
-            "AND state IN ('ready', 'running') AND available_at <= ? AND batch_id IS NULL"
-            f"{where_sql} ORDER BY priority DESC, available_at, seq LIMIT ?",
-            [*types, now, *where_params, limit],
-        )
         if len(found) < limit:
             found += tx.query(
                 f"SELECT {old_cols} FROM homing_jobs WHERE batch_id IN "
