@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -359,3 +361,14 @@ def test_close_refused_with_open_requests(db: homing.Database) -> None:
     session.submit("q", 1)
     with pytest.raises(homing.InvalidState, match="not yet answered"):
         session.close()
+
+
+def test_quickstart_example_runs(store_url: str) -> None:
+    path = Path(__file__).resolve().parent.parent / "examples" / "sessions_quickstart.py"
+    spec = importlib.util.spec_from_file_location("sessions_quickstart", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    result = module.main(store_url)
+    assert result["states"] == ["A", "B", "C", "D"]
+    assert result["second_reply"] == {"sku": "B-2", "total": 15}
