@@ -1,0 +1,63 @@
+"""The benchmark harness keeps working: ``python -m bench --smoke`` once, tiny (< 60 s).
+
+The numbers of a smoke run mean nothing (tiny windows, cells run three at a time); this
+checks that every driver runs and that the JSON, the Markdown table and the chart are
+written and well-formed. A peer service that is down shows as an error cell, not a failure
+here; homing's own cells must succeed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.timeout(180)
+def test_bench_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--smoke", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=170,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["smoke"] is True
+    assert doc["reps"] == 1
+    assert doc["probes"] and all(p["fdatasync_per_s"] > 0 for p in doc["probes"])
+    assert "postgres" in doc["settings"]
+
+    cells = doc["cells"]
+    planned = {(g["name"], s) for g in doc["groups"] for s in g["systems"]}
+    assert {(c["group"], c["system"]) for c in cells} == planned
+    for c in cells:
+        assert isinstance(c["ok"], bool)
+        if c["ok"] and c["spec"]["workload"] != "latency":
+            assert c["rate"] >= 0
+    homing = [c for c in cells if c["system"].startswith("homing-sqlite")]
+    assert homing, "the smoke set must exercise homing on SQLite"
+    failed = [(c["group"], c["system"], c.get("error")) for c in homing if not c["ok"]]
+    assert not failed, failed
+    lat = [c for c in cells if c["system"] == "homing-sqlite" and c["group"] == "latency-1"]
+    assert lat and lat[0]["started"] > 0 and lat[0]["p99_ms"] >= lat[0]["p50_ms"]
+
+    ids = {t["id"] for t in doc["targets"]}
+    assert {"pg-vs-pgqueuer", "sqlite-batched-vs-raw", "pg-latency-p99"} <= ids
+    for t in doc["targets"]:
+        assert t["result"] in ("PASS", "FAIL", "n/a")
+
+    md = (out / "results.md").read_text()
+    assert md.startswith("# homing side-by-side benchmark")
+    assert "## Targets" in md and "| result |" in md
+    png = (out / "results.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+    assert "Targets" in proc.stdout
