@@ -1,0 +1,399 @@
+"""The worker runtime in one process, on both backends: handlers, transactions, replace,
+retries and their history, heartbeats, fencing. Processes and kill -9: test_worker_chaos.py."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import homing
+from homing.worker import App, JobContext, RetryLater, RetryPolicy
+from homing.worker.runtime import Worker
+
+EFFECTS_DDL = "CREATE TABLE effects (job_id TEXT NOT NULL, attempt INTEGER NOT NULL, pid INTEGER)"
+FAST = RetryPolicy(max_attempts=3, base=0.01, factor=2, max_delay=0.05, jitter=0)
+
+
+def setup_effects(db: homing.Database) -> None:
+    with db.transaction() as tx:
+        tx.connection.execute(EFFECTS_DDL)
+
+
+def effects(db: homing.Database) -> Counter[str]:
+    with db.transaction() as tx:
+        rows = tx.connection.execute("SELECT job_id FROM effects").fetchall()
+    return Counter(str(r[0]) for r in rows)
+
+
+def write_effect(ctx: JobContext, job_id: str) -> None:
+    mark = "%s" if ctx.dialect == "postgres" else "?"
+    ctx.connection.execute(
+        f"INSERT INTO effects (job_id, attempt, pid) VALUES ({mark}, {mark}, 0)",
+        (job_id, ctx.attempt),
+    )
+
+
+@pytest.fixture
+def sdb(open_db: Callable[..., homing.Database]) -> homing.Database:
+    """A store on the parametrized backend with the real clock (leases expire for real)."""
+    database = open_db()
+    setup_effects(database)
+    return database
+
+
+def drain(app: App, db: homing.Database, **options: Any) -> Worker:
+    options.setdefault("concurrency", 4)
+    worker = app.worker(db=db, until_idle=True, **options)
+    worker.run()
+    return worker
+
+
+def run_until(app: App, db: homing.Database, done: Callable[[], bool], **options: Any) -> Worker:
+    """Run a worker until ``done()`` (retries scheduled in the future included)."""
+    options.setdefault("concurrency", 4)
+    worker = app.worker(db=db, min_poll=0.005, max_poll=0.02, **options).start()
+    deadline = time.monotonic() + 20
+    try:
+        while not done() and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        worker.stop(grace=2)
+    return worker
+
+
+def test_effects_commit_with_the_completion(sdb: homing.Database) -> None:
+    app = App(sdb)
+
+    @app.job("effect")
+    def effect(job: homing.Job, ctx: JobContext) -> None:
+        write_effect(ctx, job.id)
+
+    @app.job("noop")
+    def noop(job: homing.Job, ctx: JobContext) -> None:
+        pass
+
+    handles = sdb.insert_many([("effect", {"i": i}) for i in range(60)])
+    noops = sdb.insert_many([("noop", None) for _ in range(40)])
+    worker = drain(app, sdb)
+    assert worker.stats.done == 100 and worker.stats.errors == 0
+    counts = effects(sdb)
+    assert counts == Counter({h: 1 for h in handles})
+    assert {sdb.details(h).state for h in handles + noops} == {"done"}
+    stats = {r["type"]: r for r in sdb.stats()}
+    assert stats["effect"]["done"] == 60 and stats["noop"]["done"] == 40
+    assert stats["effect"]["running"] == 0 and stats["effect"]["ready"] == 0
+
+
+def test_async_handlers_use_the_same_transaction(sdb: homing.Database) -> None:
+    app = App(sdb)
+    seen_loops: set[int] = set()
+
+    @app.job("aeffect")
+    async def aeffect(job: homing.Job, ctx: JobContext) -> None:
+        await asyncio.sleep(0.001)
+        seen_loops.add(id(asyncio.get_running_loop()))
+        conn = await ctx.aconnection()
+        mark = "%s" if ctx.dialect == "postgres" else "?"
+        conn.execute(f"INSERT INTO effects (job_id, attempt) VALUES ({mark}, 1)", (job.id,))
+
+    refused: list[str] = []
+
+    @app.job("afail", retry=FAST)
+    async def afail(job: homing.Job, ctx: JobContext) -> None:
+        try:
+            ctx.connection  # noqa: B018 - blocking open on the loop: refused
+        except homing.InvalidState as exc:
+            refused.append(str(exc))
+        await ctx.atransaction()
+        write_effect(ctx, job.id)  # open now: the plain form works; rolled back below
+        raise RuntimeError("async boom")
+
+    handles = sdb.insert_many([("aeffect", i) for i in range(30)])
+    bad = sdb.insert("afail")
+    run_until(
+        app,
+        sdb,
+        lambda: sdb.details(bad).state == "failed" and len(effects(sdb)) == 30,
+        concurrency=8,
+    )
+    assert effects(sdb) == Counter({h: 1 for h in handles})
+    assert len(seen_loops) == 1
+    details = sdb.details(bad)
+    assert details.state == "failed" and details.attempts == 3
+    assert "RuntimeError: async boom" in details.failures[-1].message
+    assert len(refused) == 3 and "await ctx.atransaction()" in refused[0]
+
+
+def test_replace_fans_out_atomically(sdb: homing.Database) -> None:
+    app = App(sdb)
+
+    @app.job("fired")
+    def fired(job: homing.Job, ctx: JobContext) -> None:
+        ctx.replace([("sub", {"k": k}) for k in range(job.args["n"])])
+
+    @app.job("sub")
+    def sub(job: homing.Job, ctx: JobContext) -> None:
+        write_effect(ctx, job.id)
+
+    parents = [sdb.insert("fired", {"n": n}) for n in (0, 1, 5)]
+    drain(app, sdb)
+    counts = effects(sdb)
+    assert len(counts) == 6 and set(counts.values()) == {1}
+    children = [sdb.details(h) for h in counts]
+    assert Counter(c.parent for c in children) == {parents[1]: 1, parents[2]: 5}
+    assert {sdb.details(p).state for p in parents} == {"done"}
+
+
+def test_always_failing_job_ends_failed_with_full_history(sdb: homing.Database) -> None:
+    app = App(sdb)
+    calls: list[int] = []
+
+    @app.job("flaky", retry=FAST)
+    def flaky(job: homing.Job, ctx: JobContext) -> None:
+        calls.append(job.attempts)
+        write_effect(ctx, job.id)  # rolled back with each failure
+        raise ValueError(f"boom {job.attempts}")
+
+    handle = sdb.insert("flaky", {"x": 1})
+    worker = run_until(app, sdb, lambda: sdb.details(handle).state == "failed", concurrency=1)
+    d = sdb.details(handle)
+    assert d.state == "failed" and d.attempts == 3 and calls == [1, 2, 3]
+    assert [f.kind for f in d.failures] == ["temp_fail", "temp_fail", "perm_fail"]
+    assert [f.attempt for f in d.failures] == [1, 2, 3]
+    assert "ValueError: boom 1" in d.failures[0].message
+    assert "gave up after 3 attempts" in d.failures[2].message
+    assert "ValueError: boom 3" in d.failures[2].message
+    assert all(f.pid is not None and f.host for f in d.failures)
+    assert effects(sdb) == Counter()
+    assert worker.stats.retried == 2 and worker.stats.failed == 1
+
+
+def test_permanent_failure_and_retry_later(sdb: homing.Database) -> None:
+    app = App(sdb)
+
+    @app.job("bounce")
+    def bounce(job: homing.Job, ctx: JobContext) -> None:
+        raise homing.PermanentFailure("550 no such user")
+
+    @app.job("later")
+    def later(job: homing.Job, ctx: JobContext) -> None:
+        raise RetryLater("421 try again in an hour", delay=3600)
+
+    perm = sdb.insert("bounce")
+    wait = sdb.insert("later")
+    drain(app, sdb)
+    p = sdb.details(perm)
+    assert p.state == "failed" and p.attempts == 1
+    assert "550 no such user" in p.failures[0].message and p.failures[0].kind == "perm_fail"
+    w = sdb.details(wait)
+    assert w.state == "ready" and w.attempts == 1 and w.failures[0].kind == "temp_fail"
+    assert 3590 < w.run_at - time.time() <= 3600
+
+
+def test_a_handler_slower_than_the_lease_runs_once(sdb: homing.Database) -> None:
+    """Heartbeats extend the lease, so the second worker never gets the job."""
+    app = App(sdb, lock_for=0.4)
+    runs: list[str] = []
+
+    @app.job("slow")
+    def slow(job: homing.Job, ctx: JobContext) -> None:
+        runs.append(ctx.worker_id)
+        time.sleep(1.5)  # almost four lock intervals, outside the transaction
+        write_effect(ctx, job.id)
+
+    handle = sdb.insert("slow")
+    w1 = app.worker(db=sdb, concurrency=2, name="one").start()
+    started = time.monotonic()
+    while not runs and time.monotonic() - started < 5:
+        time.sleep(0.01)
+    w2 = app.worker(db=sdb, concurrency=2, name="two", min_poll=0.01, max_poll=0.05).start()
+    try:
+        while sdb.details(handle).state != "done" and time.monotonic() - started < 10:
+            time.sleep(0.05)
+        time.sleep(0.3)  # w2 keeps polling: it must not find the job
+    finally:
+        w1.stop(grace=1)
+        w2.stop(grace=1)
+    d = sdb.details(handle)
+    assert d.state == "done" and d.attempts == 1 and d.failures == []
+    assert len(runs) == 1 and runs[0].endswith(":one")
+    assert effects(sdb) == Counter({handle: 1})
+
+
+def test_a_lost_lease_refuses_the_completion(sdb: homing.Database, open_db: Any) -> None:
+    """Fencing: without heartbeats the lease runs out, another holder takes the job, and the
+    first handler's writes are rolled back when it tries to complete."""
+    app = App(sdb, lock_for=0.3)
+    release = threading.Event()
+    started = threading.Event()
+
+    @app.job("stuck")
+    def stuck(job: homing.Job, ctx: JobContext) -> None:
+        started.set()
+        release.wait(10)
+        write_effect(ctx, job.id)
+
+    handle = sdb.insert("stuck")
+    worker = app.worker(db=sdb, concurrency=1, heartbeat=0, prefetch=0).start()
+    try:
+        assert started.wait(5)
+        time.sleep(0.45)
+        other = open_db()
+        job = other.grab("stuck", lock_for=30)
+        assert job is not None and job.handle == handle and job.attempts == 2
+        with other.transaction() as tx:
+            tx.connection.execute(
+                "INSERT INTO effects (job_id, attempt) VALUES "
+                + ("(%s, 2)" if other.dialect == "postgres" else "(?, 2)"),
+                (job.id,),
+            )
+            tx.complete(job)
+        release.set()
+        deadline = time.monotonic() + 5
+        while worker.stats.lease_lost == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        release.set()
+        worker.stop(grace=1)
+    assert worker.stats.lease_lost == 1 and worker.stats.done == 0
+    assert effects(sdb) == Counter({handle: 1})
+    d = sdb.details(handle)
+    assert d.state == "done" and [f.kind for f in d.failures] == ["lease_expired"]
+
+
+def test_heartbeat_notices_a_lost_lease_and_cancels_an_async_handler(
+    sdb: homing.Database, open_db: Any
+) -> None:
+    app = App(sdb, lock_for=0.3)
+    cancelled = threading.Event()
+    started = threading.Event()
+
+    @app.job("long")
+    async def long(job: homing.Job, ctx: JobContext) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    handle = sdb.insert("long")
+    # The first heartbeat comes 2 s after the start, too late for this 0.3 s lease: another
+    # worker takes the job meanwhile, and that beat finds the lease gone.
+    worker = app.worker(db=sdb, concurrency=1, heartbeat=2.0, prefetch=0).start()
+    try:
+        assert started.wait(1.5)
+        time.sleep(0.35)
+        job = open_db().grab("long", lock_for=30)
+        assert job is not None and job.handle == handle
+        assert cancelled.wait(5)
+        deadline = time.monotonic() + 5
+        while worker.stats.lease_lost == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        worker.stop(grace=1)
+    assert worker.stats.lease_lost == 1
+    assert sdb.details(handle).state == "running"  # the new holder has it
+
+
+def test_stop_releases_unfinished_jobs_after_the_grace_period(sdb: homing.Database) -> None:
+    app = App(sdb, lock_for=30)
+    started = threading.Event()
+    gate = threading.Event()
+
+    @app.job("quick")
+    def quick(job: homing.Job, ctx: JobContext) -> None:
+        write_effect(ctx, job.id)
+
+    @app.job("endless")
+    def endless(job: homing.Job, ctx: JobContext) -> None:
+        started.set()
+        gate.wait(10)
+        write_effect(ctx, job.id)
+
+    stuck = sdb.insert("endless")
+    worker = app.worker(db=sdb, concurrency=2).start()
+    try:
+        assert started.wait(5)
+        t0 = time.monotonic()
+        worker.stop(grace=0.3)
+        assert time.monotonic() - t0 < 3
+    finally:
+        gate.set()
+    d = sdb.details(stuck)
+    assert d.state == "ready" and d.holder is None
+    assert d.failures[-1].kind == "released" and "grace period" in d.failures[-1].message
+    assert worker.stats.released == 1
+    time.sleep(0.2)  # the released handler returns now: its completion must be refused
+    assert effects(sdb) == Counter()
+    assert sdb.details(stuck).state == "ready"
+
+
+def test_poison_job_that_kills_its_workers_ends_failed(sdb: homing.Database) -> None:
+    """Attempts count grabs, so a job whose worker dies every time still ends."""
+    app = App(sdb, lock_for=0.05)
+
+    @app.job("poison", retry=RetryPolicy(max_attempts=2, base=0.01))
+    def poison(job: homing.Job, ctx: JobContext) -> None:
+        raise AssertionError("must not run")
+
+    handle = sdb.insert("poison")
+    for _ in range(2):  # two workers "die" holding the job
+        assert sdb.grab("poison", lock_for=0.05) is not None
+        time.sleep(0.08)
+    drain(app, sdb)
+    d = sdb.details(handle)
+    assert d.state == "failed" and d.attempts == 3
+    assert "over max_attempts=2" in d.failures[-1].message
+
+
+def test_bad_configuration_is_refused_clearly(sdb: homing.Database) -> None:
+    app = App(sdb)
+
+    @app.job("a")
+    def a(job: homing.Job, ctx: JobContext) -> None:
+        pass
+
+    with pytest.raises(homing.ConfigurationError, match="already has the handler"):
+        app.job("a")(a)
+    with pytest.raises(homing.ConfigurationError, match="no handler for job type 'b'"):
+        app.worker(types=["b"])
+    with pytest.raises(homing.InvalidArgument, match="concurrency"):
+        app.worker(concurrency=0)
+    with pytest.raises(homing.InvalidArgument, match="unknown retry policy"):
+        app.job("c", retry="sometimes")
+    with pytest.raises(homing.ConfigurationError, match="no handlers"):
+        App(sdb).worker()
+    storeless = App()
+    storeless.job("x")(a)
+    with pytest.raises(homing.ConfigurationError, match="no store"):
+        storeless.worker()
+
+
+def test_ctx_transaction_refuses_other_threads(sdb: homing.Database) -> None:
+    app = App(sdb)
+    errors: list[BaseException] = []
+
+    @app.job("threads", retry=FAST)
+    def threads(job: homing.Job, ctx: JobContext) -> None:
+        def helper() -> None:
+            try:
+                ctx.connection  # noqa: B018 - the access is the test
+            except homing.InvalidState as exc:
+                errors.append(exc)
+
+        t = threading.Thread(target=helper)
+        t.start()
+        t.join()
+        write_effect(ctx, job.id)
+
+    handle = sdb.insert("threads")
+    drain(app, sdb)
+    assert len(errors) == 1 and "handler's own thread" in str(errors[0])
+    assert effects(sdb) == Counter({handle: 1})
