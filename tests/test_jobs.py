@@ -17,7 +17,11 @@ def test_insert_grab_complete_round_trip(db: homing.Database) -> None:
     job = db.grab("email", lock_for=30)
     assert job is not None
     assert (job.handle, job.type, job.args, job.attempts, job.priority) == (
-        handle, "email", {"to": "a@example.org"}, 1, 3,
+        handle,
+        "email",
+        {"to": "a@example.org"},
+        1,
+        3,
     )
     assert job.lease_expires_at == pytest.approx(db.clock.now() + 30)
     assert db.details(handle).state == "running"
@@ -58,7 +62,9 @@ def test_run_at_accepts_aware_datetimes_only(db: homing.Database) -> None:
         db.insert("t", None, run_at=datetime.now())
 
 
-def test_unique_key_returns_first_handle_while_retained(db: homing.Database, clock: ManualClock) -> None:
+def test_unique_key_returns_first_handle_while_retained(
+    db: homing.Database, clock: ManualClock
+) -> None:
     first = db.insert("charge", {"cents": 100}, unique_key="order-1")
     assert db.insert("charge", {"cents": 999}, unique_key="order-1") == first
     job = db.grab("charge", lock_for=5)
@@ -166,14 +172,18 @@ def test_where_search_operators(db: homing.Database) -> None:
         ("user = 1", "must be a dict"),
     ],
 )
-def test_malformed_where_is_refused_and_grabs_nothing(db: homing.Database, where: object, message: str) -> None:
+def test_malformed_where_is_refused_and_grabs_nothing(
+    db: homing.Database, where: object, message: str
+) -> None:
     h = db.insert("s", {"a": 1})
     with pytest.raises(InvalidFilter, match=message):
         db.grab("s", lock_for=5, where=where)  # type: ignore[arg-type]
     assert db.details(h).state == "ready" and db.details(h).attempts == 0
 
 
-def test_expired_lease_is_regrabbed_and_old_holder_is_fenced(db: homing.Database, clock: ManualClock) -> None:
+def test_expired_lease_is_regrabbed_and_old_holder_is_fenced(
+    db: homing.Database, clock: ManualClock
+) -> None:
     h = db.insert("t", None)
     first = db.grab("t", lock_for=10, worker_id="w1")
     assert first is not None
@@ -200,7 +210,9 @@ def test_expired_lease_is_regrabbed_and_old_holder_is_fenced(db: homing.Database
     assert db.details(h).state == "done"
 
 
-def test_expired_but_not_regrabbed_lease_may_still_finish(db: homing.Database, clock: ManualClock) -> None:
+def test_expired_but_not_regrabbed_lease_may_still_finish(
+    db: homing.Database, clock: ManualClock
+) -> None:
     db.insert("t", None)
     job = db.grab("t", lock_for=1)
     assert job is not None
@@ -246,7 +258,9 @@ def test_never_grabbed_job_cannot_be_completed(db: homing.Database) -> None:
         db.complete(h, lease_token=homing.uuid7())
 
 
-def test_temp_fail_schedules_retry_and_records_history(db: homing.Database, clock: ManualClock) -> None:
+def test_temp_fail_schedules_retry_and_records_history(
+    db: homing.Database, clock: ManualClock
+) -> None:
     h = db.insert("t", {"n": 1})
     job = db.grab("t", lock_for=10, worker_id="w")
     assert job is not None
@@ -359,7 +373,12 @@ def test_stats_counts_states(db: homing.Database, clock: ManualClock) -> None:
     j = db.grab("a", lock_for=10)
     clock.advance(5)
     rows = {r["type"]: r for r in db.stats()}
-    assert (rows["a"]["ready"], rows["a"]["scheduled"], rows["a"]["running"], rows["a"]["done"]) == (1, 1, 1, 1)
+    assert (
+        rows["a"]["ready"],
+        rows["a"]["scheduled"],
+        rows["a"]["running"],
+        rows["a"]["done"],
+    ) == (1, 1, 1, 1)
     assert rows["a"]["oldest_ready_age_s"] == pytest.approx(5)
     assert rows["b"]["ready"] == 1
 
@@ -372,8 +391,11 @@ def test_staged_batch_becomes_visible_at_commit(db: homing.Database) -> None:
         assert q.open_batch(tx, "b1", now=now) == "open"
         tx.execute(
             "INSERT INTO homing_jobs (id, type, args, state, run_at, available_at, created_at, batch_id) "
-            + ("VALUES (?, 'kid', ?::jsonb, 'ready', ?, ?, ?, 'b1')" if tx.dialect == "postgres"
-               else "VALUES (?, 'kid', ?, 'ready', ?, ?, ?, 'b1')"),
+            + (
+                "VALUES (?, 'kid', ?::jsonb, 'ready', ?, ?, ?, 'b1')"
+                if tx.dialect == "postgres"
+                else "VALUES (?, 'kid', ?, 'ready', ?, ?, ?, 'b1')"
+            ),
             (homing.uuid7(), "{}", now, now, now),
         )
     assert db.grab("kid", lock_for=5) is None

@@ -55,7 +55,9 @@ def test_four_processes_complete_each_job_exactly_once(store_url: str, tmp_path:
     started = time.monotonic()
     outs = [tmp_path / f"done-{i}.json" for i in range(N_PROCS)]
     procs = [
-        subprocess.Popen([sys.executable, "-c", WORKER, store_url, str(out), "single" if i % 2 else "batch"])
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER, store_url, str(out), "single" if i % 2 else "batch"]
+        )
         for i, out in enumerate(outs)
     ]
     for p in procs:

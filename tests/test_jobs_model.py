@@ -13,7 +13,13 @@ from dataclasses import dataclass
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 import homing
 from homing import InvalidState, StaleLease
@@ -42,8 +48,10 @@ def make_machine(db: homing.Database, clock: homing.ManualClock) -> type[RuleBas
         def available(self) -> list[str]:
             now = clock.now()
             return [
-                h for h, j in self.jobs.items()
-                if (j.state == "ready" and j.run_at <= now) or (j.state == "running" and j.expires <= now)
+                h
+                for h, j in self.jobs.items()
+                if (j.state == "ready" and j.run_at <= now)
+                or (j.state == "running" and j.expires <= now)
             ]
 
         @rule(priority=st.integers(0, 2))
@@ -166,7 +174,10 @@ def test_job_life_cycle_matches_model(store_url: str) -> None:
         run_state_machine_as_test(
             machine,
             settings=settings(
-                max_examples=30, stateful_step_count=30, deadline=None, derandomize=True,
+                max_examples=30,
+                stateful_step_count=30,
+                deadline=None,
+                derandomize=True,
                 suppress_health_check=list(HealthCheck),
             ),
         )
