@@ -297,22 +297,6 @@ class Messenger:
             if self._closed:
                 raise MessengerError("this Messenger was closed; create a new one")
             self._started = True
-        if self._curve is not None and self._curve_keys is not None:
-            from zmq.auth.thread import ThreadAuthenticator
-
-            self._auth = ThreadAuthenticator(
-                self._ctx, log=logging.getLogger("homing.messenger.auth")
-            )
-            self._auth.start()
-            location = self._curve.authorized_keys_dir
-            if location is not None and not Path(location).is_dir():
-                raise ConfigurationError(
-                    f"authorized_keys_dir {location} is not a directory of public .key files"
-                )
-            self._auth.configure_curve(
-                domain="*",
-                location=str(location) if location is not None else zmq.auth.CURVE_ALLOW_ANY,
-            )
         if self._db is not None:
             self._resume()
         for w in self._workers:
@@ -353,6 +337,7 @@ class Messenger:
         if not callable(server_loop_callback):
             raise InvalidArgument("server_loop_callback must be callable")
         self.start()
+        self._start_authenticator()
         done = threading.Event()
         result: list[Any] = []
         self._post(("listen", endpoint, server_loop_callback, done, result))
@@ -361,6 +346,31 @@ class Messenger:
         if isinstance(result[0], BaseException):
             raise result[0]
         return str(result[0])
+
+    def _start_authenticator(self) -> None:
+        """CURVE listeners need a ZAP handler; one per zmq.Context, started before binding."""
+        if self._curve is None or self._auth is not None:
+            return
+        from zmq.auth.thread import ThreadAuthenticator
+
+        location = self._curve.authorized_keys_dir
+        if location is not None and not Path(location).is_dir():
+            raise ConfigurationError(
+                f"authorized_keys_dir {location} is not a directory of public .key files"
+            )
+        auth = ThreadAuthenticator(self._ctx, log=logging.getLogger("homing.messenger.auth"))
+        try:
+            auth.start()
+        except zmq.ZMQError as exc:
+            raise ConfigurationError(
+                "cannot start the CURVE authenticator: another one runs on this zmq.Context "
+                f"({exc}); give each CURVE listener its own context"
+            ) from exc
+        auth.configure_curve(
+            domain="*",
+            location=str(location) if location is not None else zmq.auth.CURVE_ALLOW_ANY,
+        )
+        self._auth = auth
 
     def connect(self, destination: str) -> None:
         """Open the connection to ``destination`` now instead of on the first send."""

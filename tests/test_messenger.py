@@ -1,0 +1,291 @@
+"""The messenger's API, threading, transports, bad input and CurveZMQ (in-memory mode)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+import zmq.auth
+
+from homing.errors import ConfigurationError, InvalidArgument, PayloadTooLarge
+from homing.messenger import NOOP, Curve, Incoming, Messenger, MessengerError, wire
+
+
+@pytest.fixture
+def ctx() -> Iterator[zmq.Context]:  # type: ignore[type-arg]
+    context = zmq.Context()
+    yield context
+    context.term()
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.005)
+
+
+@pytest.mark.parametrize("transport", ["tcp", "ipc", "inproc"])
+def test_reply_runs_the_message_specific_callback(ctx, tmp_path: Path, transport: str) -> None:  # type: ignore[no-untyped-def]
+    endpoint = {
+        "tcp": "tcp://127.0.0.1:0",
+        "ipc": f"ipc://{tmp_path}/m.sock",
+        "inproc": "inproc://reply-test",
+    }[transport]
+    replies: dict[int, bytes] = {}
+    with Messenger("srv", context=ctx) as srv, Messenger("cli", context=ctx) as cli:
+        bound = srv.listen(endpoint, lambda m: m.reply(m.body.upper()))
+        for i in range(50):
+            cli.send(bound, f"hello {i}", lambda r, i=i: replies.__setitem__(i, r.body))
+        cli.send(bound, b"no answer expected", NOOP)
+        wait_for(lambda: len(replies) == 50)
+        assert cli.wait_idle(5) and srv.wait_idle(5)
+        assert replies == {i: f"HELLO {i}".encode() for i in range(50)}
+        stats = cli.stats()
+        # the NOOP conversation's reply found no callback id: none registered, none left
+        assert stats["callbacks"] == 0 and stats["unacknowledged"] == 0
+
+
+def test_msc_runs_before_slc_and_conversations_continue(ctx) -> None:  # type: ignore[no-untyped-def]
+    order: list[str] = []
+    done = threading.Event()
+
+    def server_loop(m: Incoming) -> None:
+        order.append(f"slc:{m.text}")
+        if m.text == "hi":
+            m.reply("who?", lambda r: order.append(f"msc:{r.text}"))
+
+    def client_msc(r: Incoming) -> None:
+        order.append(f"client-msc:{r.text}")
+        r.reply("me")  # continues the conversation: goes to the server's MSC, then its SLC
+        done.set()
+
+    with Messenger("srv", context=ctx) as srv, Messenger("cli", context=ctx) as cli:
+        srv.listen("inproc://conv", server_loop)
+        cli.send("inproc://conv", "hi", client_msc)
+        assert done.wait(5)
+        wait_for(lambda: len(order) == 4)
+    assert order == ["slc:hi", "client-msc:who?", "msc:me", "slc:me"]
+
+
+def test_send_returns_at_once_and_from_many_threads(ctx) -> None:  # type: ignore[no-untyped-def]
+    got: list[str] = []
+    lock = threading.Lock()
+
+    def slc(m: Incoming) -> None:
+        with lock:
+            got.append(m.text)
+
+    with Messenger("cli", context=ctx) as cli:
+        # nobody listens yet: send must not block, and reports no "sent" state
+        t0 = time.perf_counter()
+        assert cli.send("inproc://late", "early") is None
+        assert time.perf_counter() - t0 < 0.5
+
+        def producer(k: int) -> None:
+            for i in range(300):
+                cli.send("inproc://late", f"{k}-{i}")
+
+        threads = [threading.Thread(target=producer, args=(k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        with Messenger("srv", context=ctx, retry_initial=0.05) as srv:
+            srv.listen("inproc://late", slc)
+            assert cli.wait_idle(20) and srv.wait_idle(20)
+    expected = ["early"] + [f"{k}-{i}" for k in range(8) for i in range(300)]
+    assert sorted(got) == sorted(expected)
+
+
+def test_a_slow_callback_does_not_stall_the_loop(ctx) -> None:  # type: ignore[no-untyped-def]
+    release = threading.Event()
+    fast: list[str] = []
+    with Messenger("srv", context=ctx, workers=4) as srv:
+
+        def slc(m: Incoming) -> None:
+            if m.text == "slow":
+                release.wait(10)
+            else:
+                fast.append(m.text)
+
+        srv.listen("inproc://slow", slc)
+        # pick a second sender whose (sender, channel) maps to another worker
+        names = [f"fast{i}" for i in range(50)]
+        slow_worker = hash(("slow-sender", "inproc://slow")) % 4
+        other = next(n for n in names if hash((n, "inproc://slow")) % 4 != slow_worker)
+        with (
+            Messenger("slow-sender", context=ctx) as a,
+            Messenger(other, context=ctx) as b,
+        ):
+            a.send("inproc://slow", "slow")
+            time.sleep(0.05)
+            for i in range(20):
+                b.send("inproc://slow", f"f{i}")
+            wait_for(lambda: len(fast) == 20, 5)
+            assert b.wait_idle(5)  # acks flowed while the slow callback still ran
+            assert a.unacknowledged() == 1
+            release.set()
+            assert a.wait_idle(5)
+
+
+def test_a_raising_callback_is_retried_not_lost(ctx, caplog) -> None:  # type: ignore[no-untyped-def]
+    effects: list[str] = []
+    failures = {"n": 0}
+
+    def slc(m: Incoming) -> None:
+        if m.text == "flaky" and failures["n"] < 2:
+            failures["n"] += 1
+            raise RuntimeError("transient")
+        effects.append(m.text)
+
+    caplog.set_level(logging.CRITICAL, logger="homing.messenger")
+    with (
+        Messenger("srv", context=ctx) as srv,
+        Messenger("cli", context=ctx, retry_initial=0.05) as cli,
+    ):
+        srv.listen("inproc://flaky", slc)
+        for text in ("a", "flaky", "b"):
+            cli.send("inproc://flaky", text)
+        assert cli.wait_idle(10) and srv.wait_idle(10)
+        assert srv.stats()["handler_errors"] == 2
+    assert sorted(effects) == ["a", "b", "flaky"]
+
+
+def test_restarted_sender_is_a_new_incarnation(ctx) -> None:  # type: ignore[no-untyped-def]
+    """A restarted in-memory sender numbers from 1 again; its new ids must be delivered,
+    and a late frame of the old incarnation must be dropped as stale."""
+    got: list[str] = []
+    with Messenger("srv", context=ctx) as srv:
+        srv.listen("inproc://inc", lambda m: got.append(m.text))
+        with Messenger("snd", context=ctx) as first:
+            for i in range(5):
+                first.send("inproc://inc", f"old{i}")
+            assert first.wait_idle(5)
+            old_incarnation = first._incarnation
+        with Messenger("snd", context=ctx) as second:
+            for i in range(5):
+                second.send("inproc://inc", f"new{i}")
+            assert second.wait_idle(5)
+        # a delayed retransmission of the first incarnation's id 3 shows up
+        raw = ctx.socket(zmq.DEALER)
+        raw.setsockopt(zmq.RCVTIMEO, 5000)
+        raw.setsockopt(zmq.ROUTING_ID, b"snd")
+        raw.connect("inproc://inc")
+        channel = b"inproc://inc"
+        raw.send_multipart(wire.encode_message(b"snd", channel, old_incarnation, 3, 0, 0, b"old3"))
+        kind, *_ = raw.recv_multipart()  # acked so the ghost stops, but not delivered
+        assert kind == wire.ACK
+        raw.close(0)
+        wait_for(lambda: srv.stats()["stale"] == 1)
+    assert got == [f"old{i}" for i in range(5)] + [f"new{i}" for i in range(5)]
+
+
+def test_bad_input_is_logged_and_dropped_and_the_loop_keeps_serving(ctx, caplog) -> None:  # type: ignore[no-untyped-def]
+    got: list[str] = []
+    caplog.set_level(logging.WARNING, logger="homing.messenger")
+    with Messenger("srv", context=ctx, max_message_bytes=1000) as srv:
+        srv.listen("inproc://bad", lambda m: got.append(m.text))
+        raw = ctx.socket(zmq.DEALER)
+        raw.setsockopt(zmq.RCVTIMEO, 5000)
+        raw.setsockopt(zmq.ROUTING_ID, b"raw")
+        raw.connect("inproc://bad")
+        good = wire.encode_message(b"raw", b"c", 1, 1, 0, 0, b"ok")
+        garbage: list[list[bytes]] = [
+            [b"\x00\xffgarbage"],  # unknown kind
+            [b""],  # one empty frame
+            good[:5],  # truncated multipart
+            [*good, b"extra"],  # too many frames
+            [wire.MESSAGE, b"", b"c", *good[3:]],  # empty sender
+            [wire.MESSAGE, b"\xff\xfe", b"c", *good[3:]],  # sender not UTF-8
+            [*good[:4], b"\x01", *good[5:]],  # id frame of 1 byte
+            wire.encode_message(b"raw", b"c", 1, 0, 0, 0, b"zero id"),
+            wire.encode_message(b"raw", b"c", 1, 2, 0, 0, b"x" * 1001),  # oversize body
+            wire.encode_message(b"raw", b"c", 1, 3, 0, (1 << 64) - 1, b"huge cb"),
+            [wire.ACK, b"raw", b"c", b"\x00" * 8, b"\x01\x02\x03"],  # ack ids not 8-aligned
+            [wire.ACK, b"raw", b"c"],  # truncated ack
+        ]
+        for frames in garbage:
+            raw.send_multipart(frames)
+        wait_for(lambda: srv.stats()["dropped_frames"] == len(garbage))
+        # a well-formed message for an unknown callback id: logged, dropped, acknowledged
+        raw.send_multipart(wire.encode_message(b"raw", b"c", 1, 4, 0, 777, b"who is 777?"))
+        assert raw.recv_multipart()[0] == wire.ACK
+        assert srv.stats()["unknown_callbacks"] == 1
+        # an ack for nothing we sent is ignored
+        raw.send_multipart(wire.encode_ack(b"raw", b"c", 1, [1, 2, 3]))
+        # still serving: a good message is delivered and acknowledged
+        raw.send_multipart(wire.encode_message(b"raw", b"c", 1, 5, 0, 0, b"ok"))
+        ack = wire.decode(raw.recv_multipart(), 1000)
+        assert isinstance(ack, wire.Ack) and ack.ids == (5,)
+        raw.close(0)
+    assert got == ["ok"]
+    assert "unknown callback id 777" in caplog.text
+    assert "truncated" in caplog.text
+
+
+def test_bad_arguments_raise_clear_errors(ctx) -> None:  # type: ignore[no-untyped-def]
+    with Messenger("m", context=ctx, max_message_bytes=10) as m:
+        with pytest.raises(PayloadTooLarge, match="max_message_bytes"):
+            m.send("inproc://x", b"x" * 11)
+        with pytest.raises(InvalidArgument, match="not supported"):
+            m.send("udp://x", b"x")
+        with pytest.raises(InvalidArgument, match="register_callback"):
+            m.send("inproc://x", b"x", "nobody")
+        with pytest.raises(InvalidArgument, match="bytes or str"):
+            m.send("inproc://x", 42)  # type: ignore[arg-type]
+        m.listen("inproc://taken", lambda _: None)
+        with pytest.raises(MessengerError, match="already listening"):
+            m.listen("inproc://taken", lambda _: None)
+    with pytest.raises(ConfigurationError, match="name="):
+        Messenger(db=object())  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument):
+        Messenger("\x00bad")
+    with pytest.raises(MessengerError, match="closed"):
+        m.send("inproc://x", b"x")
+
+
+def test_listen_on_a_taken_tcp_port_says_so(ctx) -> None:  # type: ignore[no-untyped-def]
+    with Messenger("a", context=ctx) as a, Messenger("b", context=ctx) as b:
+        bound = a.listen("tcp://127.0.0.1:0", lambda _: None)
+        with pytest.raises(MessengerError, match="cannot listen"):
+            b.listen(bound, lambda _: None)
+
+
+def test_curve_authenticates_and_encrypts(ctx, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    keys, allowed = tmp_path / "keys", tmp_path / "allowed"
+    keys.mkdir()
+    allowed.mkdir()
+    server_pub, server_sec = zmq.auth.create_certificates(keys, "server")
+    client_pub, client_sec = zmq.auth.create_certificates(keys, "client")
+    _, intruder_sec = zmq.auth.create_certificates(keys, "intruder")
+    (allowed / "client.key").write_bytes(Path(client_pub).read_bytes())
+    got: list[str] = []
+    with Messenger("srv", context=ctx, curve=Curve(server_sec, authorized_keys_dir=allowed)) as srv:
+        ep = srv.listen("tcp://127.0.0.1:0", lambda m: got.append(f"{m.sender}:{m.text}"))
+        server_keys = {ep: server_pub}
+        with (
+            Messenger(
+                "client", context=ctx, curve=Curve(client_sec, server_public_keys=server_keys)
+            ) as good,
+            Messenger(
+                "intruder", context=ctx, curve=Curve(intruder_sec, server_public_keys=server_keys)
+            ) as bad,
+            Messenger("plain", context=ctx) as plain,
+        ):
+            bad.send(ep, "let me in")
+            plain.send(ep, "no crypto")
+            good.send(ep, "hello")
+            assert good.wait_idle(5)
+            time.sleep(0.3)
+            assert bad.unacknowledged() == 1 and plain.unacknowledged() == 1
+            with pytest.raises(ConfigurationError, match="server public key"):
+                good.send("tcp://127.0.0.1:1", "x")
+    assert got == ["client:hello"]
+    with pytest.raises(ConfigurationError, match="secret key"):
+        Messenger("x", context=ctx, curve=Curve(server_pub))
