@@ -332,3 +332,27 @@ def complete_leased(tx: Tx, lease_token: str, *, now: float) -> int:
 def staged_count(tx: Tx, staged_batch: str) -> int:
     row = tx.query_one("SELECT COUNT(*) FROM homing_jobs WHERE staged_in = ?", (staged_batch,))
     return int(row[0]) if row else 0
+
+
+# -- the pipeline's checks (homing.pipeline) ---------------------------------------------
+def _run_filter(tx: Tx) -> str:
+    return "args->>'run' = ?" if tx.dialect == "postgres" else "json_extract(args, '$.run') = ?"
+
+
+def run_counts(tx: Tx, run: str) -> dict[tuple[str, str], int]:
+    """Jobs of one pipeline run (``args.run``) by (type, state)."""
+    rows = tx.query(
+        f"SELECT type, state, COUNT(*) FROM homing_jobs WHERE {_run_filter(tx)} "
+        "GROUP BY type, state",
+        (run,),
+    )
+    return {(str(t), str(s)): int(n) for t, s, n in rows}
+
+
+def run_jobs(tx: Tx, run: str, job_type: str) -> list[tuple[str, str, int]]:
+    """(id, state, attempts) of one run's jobs of one type."""
+    rows = tx.query(
+        f"SELECT id, state, attempts FROM homing_jobs WHERE type = ? AND {_run_filter(tx)}",
+        (job_type, run),
+    )
+    return [(str(i), str(s), int(a)) for i, s, a in rows]

@@ -1,0 +1,148 @@
+"""The delivery worker: homing workers that deliver ProcessNotification jobs.
+
+Email goes over real SMTP (``smtplib``) with seed 002's policy: a 5xx answer fails the job
+permanently, anything else retries less and less (5 minutes doubling up to 4 hours, giving
+up at 4.5 days; ``--retry-scale`` shrinks that clock for a demo run). Webhooks and IM go
+over HTTP with the job id as ``Idempotency-Key``. Both receivers drop repeats by that id:
+delivery is at least once, the effect once (see docs/pipeline.md).
+
+Run: ``python -m homing.pipeline.deliver --db URL --smtp-port P --http-port Q``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import smtplib
+import threading
+from email.message import EmailMessage
+from typing import Any
+
+from homing.errors import PermanentFailure
+from homing.worker import App, RetryPolicy
+
+NOTIFICATION = "ProcessNotification"
+DAY = 86400.0
+
+
+def smtp_policy(scale: float) -> RetryPolicy:
+    """Seed 002's SMTP retry schedule, with time multiplied by ``scale`` (1.0 = real)."""
+    return RetryPolicy(
+        max_attempts=None,
+        base=300.0 * scale,
+        factor=2.0,
+        max_delay=4 * 3600.0 * scale,
+        jitter=0.1,
+        max_age=4.5 * DAY * scale,
+        name="smtp",
+    )
+
+
+class Channels:
+    """Per-thread SMTP and HTTP connections, reused between jobs."""
+
+    def __init__(self, smtp_port: int, http_port: int) -> None:
+        self.smtp_port = smtp_port
+        self.http_base = f"http://127.0.0.1:{http_port}/hook/"
+        self.local = threading.local()
+
+    def smtp(self) -> smtplib.SMTP:
+        conn: smtplib.SMTP | None = getattr(self.local, "smtp", None)
+        if conn is None:
+            conn = smtplib.SMTP("127.0.0.1", self.smtp_port, timeout=10)
+            self.local.smtp = conn
+        return conn
+
+    def drop_smtp(self) -> None:
+        conn = getattr(self.local, "smtp", None)
+        self.local.smtp = None
+        if conn is not None:
+            try:
+                conn.close()
+            except OSError:
+                pass
+
+    def http(self) -> Any:
+        import httpx
+
+        client = getattr(self.local, "http", None)
+        if client is None:
+            client = self.local.http = httpx.Client(timeout=10)
+        return client
+
+    def send_email(self, job_id: str, args: dict[str, Any]) -> None:
+        msg = EmailMessage()
+        msg["From"] = "notifications@homing.invalid"
+        msg["To"] = args["email"]
+        msg["Subject"] = f"event {args['event_id']}"
+        msg["Message-ID"] = f"<{job_id}@homing>"
+        msg["X-Homing-Id"] = job_id
+        msg.set_content(f"Event {args['event_id']} for subscriber {args['subscriber_id']}.")
+        try:
+            refused = self.smtp().send_message(msg)
+        except smtplib.SMTPRecipientsRefused as exc:
+            code, text = next(iter(exc.recipients.values()))
+            if 500 <= code < 600:
+                raise PermanentFailure(f"SMTP {code} {text.decode(errors='replace')}") from exc
+            raise RuntimeError(f"SMTP {code} {text.decode(errors='replace')}") from exc
+        except smtplib.SMTPResponseException as exc:
+            if exc.smtp_code >= 500:
+                self.drop_smtp()
+                raise PermanentFailure(f"SMTP {exc.smtp_code} {exc.smtp_error!r}") from exc
+            if exc.smtp_code == 451:  # the session is still usable after a 4xx to DATA
+                raise RuntimeError(f"SMTP {exc.smtp_code}: temporary, retrying later") from exc
+            self.drop_smtp()
+            raise
+        except (OSError, smtplib.SMTPException):
+            self.drop_smtp()
+            raise
+        if refused:
+            raise RuntimeError(f"SMTP refused some recipients: {refused}")
+
+    def send_hook(self, job_id: str, channel: str, args: dict[str, Any]) -> None:
+        response = self.http().post(
+            self.http_base + channel, json=args, headers={"Idempotency-Key": job_id}
+        )
+        if response.status_code in (501, 400, 404, 410, 422):
+            raise PermanentFailure(f"HTTP {response.status_code} from the webhook receiver")
+        if response.status_code >= 300:
+            raise RuntimeError(f"HTTP {response.status_code}: temporary, retrying later")
+
+
+def make_app(
+    url: str, *, smtp_port: int, http_port: int, lock_for: float, retry_scale: float
+) -> App:
+    app = App(url, lock_for=lock_for, name="pipeline")
+    channels = Channels(smtp_port, http_port)
+
+    @app.job(NOTIFICATION, retry=smtp_policy(retry_scale))
+    def deliver(job: Any, ctx: Any) -> None:
+        args = job.args
+        if args["channel"] == "email":
+            channels.send_email(job.id, args)
+        else:
+            channels.send_hook(job.id, args["channel"], args)
+
+    return app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--db", required=True)
+    parser.add_argument("--smtp-port", type=int, required=True)
+    parser.add_argument("--http-port", type=int, required=True)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--lock-for", type=float, default=5.0)
+    parser.add_argument("--retry-scale", type=float, default=1 / 600)
+    a = parser.parse_args()
+    app = make_app(
+        a.db,
+        smtp_port=a.smtp_port,
+        http_port=a.http_port,
+        lock_for=a.lock_for,
+        retry_scale=a.retry_scale,
+    )
+    app.run(concurrency=a.concurrency, name="deliver")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,526 @@
+"""The pipeline end to end: data, receivers, workers, Spark stages, chaos, check, report."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from homing.database import Database, ShardedDatabase, connect
+from homing.errors import ConfigurationError, HomingError
+from homing.jobs import JobSpec
+from homing.pipeline import data
+from homing.pipeline.stages import (
+    EVENT,
+    NOTIFICATION,
+    SUBSCRIPTION,
+    StageStats,
+    fan_out_events,
+    fan_out_subscriptions,
+)
+from homing.spark import check_session, register
+from homing.store import spark_queries as sq
+
+
+@dataclass
+class PipelineConfig:
+    db: str
+    master: str = "local[*]"
+    events: int = 20
+    subscribers: int = 1000
+    workers: int = 3
+    concurrency: int = 8
+    kills: int = 3
+    lock_for: float = 5.0
+    retry_scale: float = 1 / 600
+    temp_pct: int = 3
+    chunk: int = 20_000
+    data_dir: Path = Path("pipeline-data")
+    run_id: str = ""
+    timeout: float = 1800.0
+    progress: bool = True
+
+
+@dataclass
+class Report:
+    run: str
+    db: str
+    master: str
+    expected: data.Expected
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    deliveries: dict[str, Any] = field(default_factory=dict)
+    checks: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.checks.get("ok"))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "run": self.run,
+            "db": self.db,
+            "master": self.master,
+            "expected": self.expected.__dict__,
+            "stages": self.stages,
+            "deliveries": self.deliveries,
+            "checks": self.checks,
+            "seconds": round(self.seconds, 2),
+        }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise HomingError(f"the receiver process exited early (code {proc.returncode})")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise HomingError(f"the local receiver did not listen on port {port} within {timeout:g}s")
+
+
+def java_missing() -> str | None:
+    """How to install Java when it is missing (Spark needs Java 17 or 21), else None."""
+    if os.environ.get("JAVA_HOME") or shutil.which("java"):
+        return None
+    return (
+        "Spark needs Java 17: install it with `sudo apt-get install -y openjdk-17-jre-headless` "
+        "(Debian/Ubuntu), `brew install openjdk@17` (macOS) or `sudo dnf install "
+        "java-17-openjdk-headless` (Fedora), or set JAVA_HOME to a Java 17 installation"
+    )
+
+
+def spark_session(master: str) -> Any:
+    problem = java_missing()
+    if problem:
+        raise ConfigurationError(problem)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master(master)
+        .appName("homing-pipeline")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.driver.memory", "1g")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+class Fleet:
+    """The delivery worker processes; kills some with SIGKILL and replaces them."""
+
+    def __init__(self, cfg: PipelineConfig, smtp_port: int, http_port: int, logs: Path) -> None:
+        self.cfg = cfg
+        self.args = [
+            sys.executable,
+            "-m",
+            "homing.pipeline.deliver",
+            "--db",
+            cfg.db,
+            "--smtp-port",
+            str(smtp_port),
+            "--http-port",
+            str(http_port),
+            "--concurrency",
+            str(cfg.concurrency),
+            "--lock-for",
+            str(cfg.lock_for),
+            "--retry-scale",
+            str(cfg.retry_scale),
+        ]
+        self.logs = logs
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.killed = 0
+        self.started = 0
+
+    def spawn(self) -> None:
+        log = (self.logs / f"worker-{self.started}.log").open("ab")
+        self.procs.append(
+            subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, env=_child_env())
+        )
+        self.started += 1
+
+    def start(self) -> None:
+        for _ in range(self.cfg.workers):
+            self.spawn()
+
+    def kill_one(self) -> None:
+        alive = [p for p in self.procs if p.poll() is None]
+        if not alive:
+            return
+        victim = random.choice(alive)
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+        self.procs.remove(victim)
+        self.killed += 1
+        self.spawn()
+
+    def respawn_dead(self) -> int:
+        dead = [p for p in self.procs if p.poll() is not None]
+        for p in dead:
+            self.procs.remove(p)
+            self.spawn()
+        return len(dead)
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    src = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def _read_receipts(path: Path) -> dict[str, Any]:
+    new: dict[str, int] = {}
+    dups = temps = 0
+    by_channel: dict[str, int] = {}
+    first = last = None
+    if path.exists():
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            if rec["kind"] == "new":
+                new[rec["id"]] = new.get(rec["id"], 0) + 1
+                by_channel[rec["ch"]] = by_channel.get(rec["ch"], 0) + 1
+                first = rec["t"] if first is None else min(first, rec["t"])
+                last = rec["t"] if last is None else max(last, rec["t"])
+            elif rec["kind"] == "dup":
+                dups += 1
+            elif rec["kind"] == "temp":
+                temps += 1
+    return {
+        "new": new,
+        "duplicates_suppressed": dups,
+        "temporary_refusals": temps,
+        "by_channel": by_channel,
+        "first": first,
+        "last": last,
+    }
+
+
+def _counts(db: Database | ShardedDatabase, run: str) -> dict[tuple[str, str], int]:
+    assert isinstance(db, Database)
+    with db.store.transaction(write=False) as tx:
+        return sq.run_counts(tx, run)
+
+
+def _stats(db: Database | ShardedDatabase) -> dict[str, dict[str, Any]]:
+    return {row["type"]: row for row in db.stats(window=5.0)}
+
+
+def run_pipeline(cfg: PipelineConfig, *, spark: Any = None, console: Any = None) -> Report:
+    """Run seed 002's fan-out once, end to end, and check every delivery happened once."""
+    from rich.console import Console
+
+    console = console or Console()
+    if cfg.events < 1 or cfg.subscribers < 1:
+        raise ConfigurationError("--events and --subscribers must be at least 1")
+    run = cfg.run_id or uuid.uuid4().hex[:12]
+    data_dir = cfg.data_dir.resolve()
+    work = data_dir / f"run-{run}"
+    work.mkdir(parents=True, exist_ok=True)
+    url = cfg.db
+    if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
+        url = "sqlite:///" + os.path.abspath(url[len("sqlite:///") :])
+    cfg.db = url
+
+    t0 = time.monotonic()
+    db = connect(url)
+    if not isinstance(db, Database):
+        raise ConfigurationError("the pipeline runs on one store, not a sharded one")
+    subscriptions, subscribers, expected = data.write_tables(data_dir, cfg.events, cfg.subscribers)
+    report = Report(run=run, db=url, master=cfg.master, expected=expected)
+
+    smtp_port, http_port = free_port(), free_port()
+    receipts = work / "receipts.jsonl"
+    sinks = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "homing.pipeline.sinks",
+            "--log",
+            str(receipts),
+            "--smtp-port",
+            str(smtp_port),
+            "--http-port",
+            str(http_port),
+            "--temp-pct",
+            str(cfg.temp_pct),
+        ],
+        stdout=(work / "sinks.log").open("ab"),
+        stderr=subprocess.STDOUT,
+        env=_child_env(),
+    )
+    fleet = Fleet(cfg, smtp_port, http_port, work)
+    own_spark = spark is None
+    try:
+        _wait_port(smtp_port, sinks)
+        _wait_port(http_port, sinks)
+        fleet.start()
+        db.insert_many(
+            [
+                JobSpec(
+                    EVENT,
+                    {"run": run, "event_id": i, "topic": i, "actor": f"user{i}", "verb": "posted"},
+                    unique_key=f"{run}:event:{i}",
+                )
+                for i in range(cfg.events)
+            ]
+        )
+        if spark is None:
+            console.print(f"[dim]starting Spark ({cfg.master}) ...[/dim]")
+            spark = spark_session(cfg.master)
+        register(spark)
+        check_session(spark, url)
+        report.stages, report.deliveries = _drive(
+            cfg, spark, db, url, run, subscriptions, subscribers, expected, fleet, receipts, console
+        )
+    finally:
+        fleet.stop()
+        sinks.send_signal(signal.SIGTERM)
+        try:
+            sinks.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            sinks.kill()
+        if own_spark and spark is not None:
+            spark.stop()
+    report.checks = _check(db, run, expected, _read_receipts(receipts))
+    report.deliveries["workers_killed"] = fleet.killed
+    report.seconds = time.monotonic() - t0
+    db.close()
+    return report
+
+
+def _drive(
+    cfg: PipelineConfig,
+    spark: Any,
+    db: Database,
+    url: str,
+    run: str,
+    subscriptions: Path,
+    subscribers: Path,
+    expected: data.Expected,
+    fleet: Fleet,
+    receipts: Path,
+    console: Any,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    base = _stats(db)
+
+    def grown(job_type: str, *states: str) -> int:
+        now = _stats(db).get(job_type, {})
+        was = base.get(job_type, {})
+        return sum(int(now.get(s, 0)) - int(was.get(s, 0)) for s in states)
+
+    stage_a = StageStats(f"{EVENT} -> {SUBSCRIPTION}")
+    stage_b = StageStats(f"{SUBSCRIPTION} -> {NOTIFICATION}")
+    errors: list[BaseException] = []
+    spark_done = threading.Event()
+    finished = threading.Event()
+    progress = Progress(
+        TextColumn("{task.description:<44}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        disable=not cfg.progress,
+        refresh_per_second=4,
+    )
+    ta = progress.add_task(f"{EVENT} -> {SUBSCRIPTION}", total=expected.events)
+    tb = progress.add_task(f"{SUBSCRIPTION} -> {NOTIFICATION}", total=expected.subscriptions)
+    tc = progress.add_task("deliveries (done + perm-failed)", total=expected.notifications)
+    tk = progress.add_task("workers killed (SIGKILL)", total=max(cfg.kills, 1))
+
+    def monitor() -> None:
+        """Progress, chaos (kills) and the end condition, beside the Spark stages."""
+        kill_every: float | None = None
+        next_kill = 0.0
+        try:
+            while not finished.is_set():
+                time.sleep(1.0)
+                progress.update(ta, completed=grown(EVENT, "done"))
+                progress.update(tb, completed=grown(SUBSCRIPTION, "done"))
+                notes = grown(NOTIFICATION, "done", "failed")
+                progress.update(tc, completed=notes)
+                fleet.respawn_dead()
+                if notes > 0 and kill_every is None:
+                    # spread the kills over a rough guess of the delivery time
+                    kill_every = max(1.5, expected.notifications / 2000 / max(cfg.kills, 1))
+                    next_kill = time.monotonic() + kill_every / 2
+                if (
+                    kill_every is not None
+                    and fleet.killed < cfg.kills
+                    and time.monotonic() >= next_kill
+                ):
+                    fleet.kill_one()
+                    next_kill = time.monotonic() + kill_every
+                progress.update(tk, completed=fleet.killed)
+                if spark_done.is_set() and notes >= expected.notifications:
+                    finished.set()
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+            finished.set()
+
+    t_start = time.monotonic()
+    watcher = threading.Thread(target=monitor, name="pipeline-monitor", daemon=True)
+    with progress:
+        watcher.start()
+        try:
+            fan_out_events(spark, db, url, run, subscriptions, stats=stage_a)
+            fan_out_subscriptions(spark, db, url, run, subscribers, chunk=cfg.chunk, stats=stage_b)
+        except BaseException:
+            finished.set()
+            raise
+        spark_done.set()
+        if not finished.wait(cfg.timeout):
+            finished.set()
+            raise HomingError(
+                f"the deliveries did not finish within {cfg.timeout:g}s; raise --timeout "
+                "or lower the scale (see the worker logs in the run directory)"
+            )
+        watcher.join()
+    if errors:
+        raise errors[0]
+    while fleet.killed < cfg.kills:  # the run was too quick: still exercise the kills
+        fleet.kill_one()
+    t_end = time.monotonic()
+    rec = _read_receipts(receipts)
+    delivery_s = (rec["last"] - rec["first"]) if rec["first"] is not None else 0.0
+    stages = []
+    for st, children in ((stage_a, expected.subscriptions), (stage_b, expected.notifications)):
+        stages.append(
+            {
+                "stage": st.name,
+                "parents": st.parents,
+                "children": children,
+                "commits": st.commits,
+                "seconds": round(st.seconds, 2),
+                "children_per_s": round(children / st.seconds, 1) if st.seconds else None,
+            }
+        )
+    deliveries = {
+        "delivered": len(rec["new"]),
+        "by_channel": rec["by_channel"],
+        "temporary_refusals": rec["temporary_refusals"],
+        "duplicates_suppressed": rec["duplicates_suppressed"],
+        "seconds": round(delivery_s, 2),
+        "per_s": round(len(rec["new"]) / delivery_s, 1) if delivery_s else None,
+        "wall_seconds": round(t_end - t_start, 2),
+    }
+    return stages, deliveries
+
+
+def _check(db: Database, run: str, expected: data.Expected, rec: dict[str, Any]) -> dict[str, Any]:
+    """lost / duplicated / unexpected against the store and the receivers' records."""
+    counts = _counts(db, run)
+    with db.store.transaction(write=False) as tx:
+        notes = sq.run_jobs(tx, run, NOTIFICATION)
+    done = {i for i, s, _ in notes if s == "done"}
+    failed = {i for i, s, _ in notes if s == "failed"}
+    attempts = sum(a for _, _, a in notes)
+    delivered = rec["new"]
+    lost = len(done - set(delivered))
+    duplicated = sum(1 for n in delivered.values() if n > 1)
+    unexpected = len(set(delivered) - done)
+    not_terminal = sum(n for (t, s), n in counts.items() if s in ("ready", "running"))
+    checks = {
+        "events_done": counts.get((EVENT, "done"), 0),
+        "subscriptions": sum(n for (t, _), n in counts.items() if t == SUBSCRIPTION),
+        "notifications": len(notes),
+        "notifications_done": len(done),
+        "notifications_perm_failed": len(failed),
+        "delivery_attempts": attempts,
+        "retries": attempts - len(notes),
+        "lost": lost,
+        "duplicated": duplicated,
+        "unexpected": unexpected,
+        "left_unfinished": not_terminal,
+    }
+    checks["ok"] = (
+        lost == 0
+        and duplicated == 0
+        and unexpected == 0
+        and not_terminal == 0
+        and checks["events_done"] == expected.events
+        and checks["subscriptions"] == expected.subscriptions
+        and len(notes) == expected.notifications
+        and len(failed) == expected.bounces
+    )
+    return checks
+
+
+def print_report(report: Report, console: Any) -> None:
+    from rich.table import Table
+
+    d = report.as_dict()
+    table = Table(title=f"homing pipeline run {report.run} on {report.db} (Spark {report.master})")
+    for col in ("stage", "in", "out", "commits / retries", "dups suppressed", "time s", "rate /s"):
+        table.add_column(col, justify="right" if col != "stage" else "left")
+    table.add_row("FiredEvent (inserted)", "", str(report.expected.events), "", "", "", "")
+    for st in d["stages"]:
+        table.add_row(
+            st["stage"],
+            str(st["parents"]),
+            str(st["children"]),
+            str(st["commits"]),
+            "",
+            f"{st['seconds']:.1f}",
+            str(st["children_per_s"]),
+        )
+    dv, ck = d["deliveries"], d["checks"]
+    table.add_row(
+        "deliveries " + ", ".join(f"{k} {v}" for k, v in sorted(dv["by_channel"].items())),
+        str(ck["notifications"]),
+        str(dv["delivered"]),
+        str(ck["retries"]),
+        str(dv["duplicates_suppressed"]),
+        f"{dv['seconds']:.1f}",
+        str(dv["per_s"]),
+    )
+    console.print(table)
+    verdict = "[bold green]OK[/]" if report.ok else "[bold red]FAILED[/]"
+    console.print(
+        f"perm-failed (SMTP 5xx bounces): {ck['notifications_perm_failed']} of "
+        f"{report.expected.bounces} expected; temporary refusals (451/503): "
+        f"{dv['temporary_refusals']}; workers killed: {dv['workers_killed']}; "
+        f"left unfinished: {ck['left_unfinished']}"
+    )
+    console.print(
+        f"lost = {ck['lost']}, duplicated = {ck['duplicated']}, unexpected = {ck['unexpected']}"
+        f"  -> {verdict}   total {d['seconds']:.1f}s"
+    )
