@@ -458,3 +458,18 @@ def test_max_args_bytes_is_configurable(store_url: str) -> None:
         db.insert("t", "x" * 50)
         with pytest.raises(homing.PayloadTooLarge, match="max_args_bytes"):
             db.insert("t", "x" * 200)
+
+
+def test_complete_many_is_all_or_none(db: homing.Database, clock: ManualClock) -> None:
+    db.insert_many([("t", i) for i in range(3)])
+    batch = db.grab_many("t", lock_for=10, limit=3)
+    clock.advance(11)
+    thief = db.grab("t", lock_for=10)  # one of the expired batch
+    assert thief is not None
+    stale = [j for j in batch if j.handle == thief.handle]
+    assert stale, "the thief took one of the batch"
+    with pytest.raises(StaleLease):
+        db.complete_many(batch)
+    assert all(db.details(j.handle).state == "running" for j in batch)  # nothing completed
+    db.complete_many([j for j in batch if j.handle != thief.handle] + [thief])
+    assert all(db.details(j.handle).state == "done" for j in batch)

@@ -89,8 +89,7 @@ class _JobAPI:
     def complete_many(self, jobs: Iterable[Job]) -> None:
         """Complete several jobs in one transaction: all or none."""
         with self._tx() as tx:
-            for job in jobs:
-                self._ops.complete(tx, job, None)
+            self._ops.complete_many(tx, list(jobs))
 
     def temp_fail(
         self,

@@ -342,6 +342,20 @@ class JobOps:
             return  # a retried complete by the same holder: already done, nothing to do
         self._refuse(tx, job_id, token, "complete")
 
+    def complete_many(self, tx: Tx, jobs: Sequence[Any]) -> None:
+        """Complete jobs in one statement per lease; all or none (the caller's transaction)."""
+        by_token: dict[str, list[Any]] = {}
+        for job in jobs:
+            if not isinstance(job, Job):
+                raise InvalidArgument(f"complete_many takes Job objects from grab, got {job!r}")
+            by_token.setdefault(job.lease_token, []).append(job)
+        now = self.store.clock.now()
+        for token, group in by_token.items():
+            ids_ = list(dict.fromkeys(self.id_of(j.handle) for j in group))
+            if q.finish_many(tx, ids_, token, now=now) != len(ids_):
+                for job in group:  # find and explain the one that did not apply
+                    self.complete(tx, job, None)
+
     def temp_fail(
         self, tx: Tx, job: Any, message: Any, retry_in: Any, lease_token: str | None
     ) -> float:

@@ -401,6 +401,24 @@ def finish(tx: Tx, job_id: str, token: str, *, state: str, now: float, error: st
     )
 
 
+def finish_many(tx: Tx, job_ids: Sequence[str], token: str, *, now: float) -> int:
+    """Mark many running jobs of one lease done in one statement; returns how many changed."""
+    if not job_ids:
+        return 0
+    if tx.dialect == "postgres":
+        return tx.rowcount(
+            "UPDATE homing_jobs SET state = 'done', finished_at = ?, lease_expires_at = NULL "
+            "WHERE id = ANY(?) AND lease_token = ? AND state = 'running'",
+            (now, list(job_ids), token),
+        )
+    marks = ", ".join("?" for _ in job_ids)
+    return tx.rowcount(
+        "UPDATE homing_jobs SET state = 'done', finished_at = ?, lease_expires_at = NULL "
+        f"WHERE id IN ({marks}) AND lease_token = ? AND state = 'running'",
+        (now, *job_ids, token),
+    )
+
+
 def reschedule(tx: Tx, job_id: str, token: str, *, run_at: float, error: str | None) -> bool:
     """Put a running job back to ready at ``run_at`` if ``token`` still holds its lease."""
     return (
