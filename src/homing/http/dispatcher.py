@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
+import os
+import socket
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
@@ -24,8 +27,10 @@ from homing._failpoints import failpoint
 from homing.database import Database
 from homing.errors import InvalidArgument
 from homing.http import wire
+from homing.http._group import GroupCommit
 from homing.http.policy import DEFAULT_FATAL_STATUSES, RetryPolicy, is_fatal
 from homing.store import http_queries as q
+from homing.store.protocol import Tx
 
 log = logging.getLogger("homing.http")
 T = TypeVar("T")
@@ -42,6 +47,16 @@ def notify_changed() -> None:
 def _origin(url: str) -> str:
     p = urlsplit(url)
     return f"{p.scheme}://{p.netloc}".lower()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -89,7 +104,7 @@ class Dispatcher:
         self.allowed_hosts = tuple(allowed_hosts)
         self.signing = dict(signing or {})
         self.idle_poll = idle_poll
-        self.claim_lease = request_timeout * 2 + 30.0
+        self.claim_lease = request_timeout + 10.0
         self.stats = {"attempts": 0, "delivered": 0, "retries": 0, "failed": 0, "deletes": 0}
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -97,6 +112,7 @@ class Dispatcher:
         self._stopping = False
         self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="homing-out")
         self._started = threading.Event()
+        self._group: GroupCommit | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> Dispatcher:
@@ -140,9 +156,14 @@ class Dispatcher:
         limits = httpx.Limits(
             max_connections=self.max_in_flight, max_keepalive_connections=self.max_in_flight
         )
+        self._group = GroupCommit(self.db.store, self._db)
         sems: dict[str, asyncio.Semaphore] = {}
         in_flight: set[asyncio.Task[None]] = set()
-        token = ids.uuid7()
+        token = f"{socket.gethostname()}:{os.getpid()}:{ids.uuid7()}"
+        try:
+            await self._db(self._release_dead_claims)
+        except Exception as exc:
+            log.warning("could not release the claims of dead dispatchers: %s", exc)
         async with httpx.AsyncClient(limits=limits, timeout=self.request_timeout) as client:
             delay = 0.005
             while not self._stopping:
@@ -177,6 +198,17 @@ class Dispatcher:
             for task in list(in_flight):
                 task.cancel()
             await asyncio.gather(*in_flight, return_exceptions=True)
+
+    def _release_dead_claims(self) -> None:
+        """Rows claimed by a dispatcher on this host whose process is gone are due at once
+        (no need to wait for the claim lease: a restarted sender resumes immediately)."""
+        host = socket.gethostname()
+        with self.db.store.transaction() as tx:
+            for token in q.live_claims(tx, now=self.db.clock.now()):
+                t_host, _, rest = token.partition(":")
+                pid = rest.split(":", 1)[0]
+                if t_host == host and pid.isdigit() and not _alive(int(pid)):
+                    q.release_claims(tx, token)
 
     def _claim(self, token: str, limit: int) -> list[q.OutboxRow]:
         now = self.db.clock.now()
@@ -245,16 +277,19 @@ class Dispatcher:
         if 200 <= status < 300:
             failpoint("http.sender.after_2xx_before_tombstone")
             confirm = resp.headers.get(wire.CONFIRM_URL)
-            if confirm:
-                try:
+            if confirm and _origin(confirm) != _origin(row.url):
+                try:  # a confirmation URL elsewhere than the destination must be safe
                     wire.check_url(confirm, self.allowed_hosts)
                 except InvalidArgument as exc:
-                    log.warning("ignoring confirmation URL of %s: %s", row.id, exc)
+                    log.info("ignoring confirmation URL of %s: %s", row.id, exc)
                     confirm = None
             state = "accepted" if (row.kind == "job" and status == 202) else "delivered"
             ctype = resp.headers.get("content-type", wire.BYTES_TYPE)
-            stored = await self._db(
-                self._tombstone, row, token, state, status, ctype, resp.content, confirm
+            assert self._group is not None
+            stored = await self._group.run(
+                functools.partial(
+                    self._tombstone, row, token, state, status, ctype, resp.content, confirm
+                )
             )
             failpoint("http.sender.after_tombstone_before_delete")
             if stored:
@@ -300,21 +335,21 @@ class Dispatcher:
         ctype: str,
         body: bytes,
         confirm: str | None,
+        tx: Tx,
     ) -> bool:
         now = self.db.clock.now()
         keep = body if row.kind in ("put", "job") else None
-        with self.db.store.transaction() as tx:
-            return q.mark_delivered(
-                tx,
-                row.id,
-                token,
-                state=state,
-                now=now,
-                status=status,
-                content_type=ctype if keep is not None else None,
-                body=keep,
-                confirm_url=confirm,
-            )
+        return q.mark_delivered(
+            tx,
+            row.id,
+            token,
+            state=state,
+            now=now,
+            status=status,
+            content_type=ctype if keep is not None else None,
+            body=keep,
+            confirm_url=confirm,
+        )
 
     def _retry_row(
         self, row: q.OutboxRow, token: str, error: str, retry_after: float | None

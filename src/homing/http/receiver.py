@@ -12,11 +12,14 @@ inbox entry is marked done, so its writes (``tx.connection``) happen exactly onc
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import hashlib
 import json
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -33,6 +36,7 @@ from homing._failpoints import failpoint
 from homing.database import Database, Transaction
 from homing.errors import InvalidArgument, PermanentFailure
 from homing.http import wire
+from homing.http._group import GroupCommit
 from homing.http.dispatcher import Dispatcher, notify_changed
 from homing.http.errors import UnsafeURL
 from homing.http.policy import DEFAULT_ABSURD_AFTER_S, RetryPolicy
@@ -111,6 +115,9 @@ class Receiver:
         self.absurd_after = absurd_after
         self.reply_path = INTERNAL + "/reply"
         self._nodes: dict[str, Handler] = {}
+        self._groups: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, GroupCommit] = (
+            weakref.WeakKeyDictionary()
+        )
         self._running: set[str] = set()
         self._running_lock = threading.Lock()
         self._wake = threading.Event()
@@ -193,6 +200,13 @@ class Receiver:
             if self.dispatcher is not None:
                 self.dispatcher.stop()
                 self.dispatcher = None
+
+    def _group(self) -> GroupCommit:
+        loop = asyncio.get_running_loop()
+        group = self._groups.get(loop)
+        if group is None:
+            group = self._groups[loop] = GroupCommit(self.db.store, run_in_threadpool)
+        return group
 
     # -- HTTP endpoints ------------------------------------------------------------------
     def _headers(self) -> dict[str, str]:
@@ -320,8 +334,8 @@ class Receiver:
         digest = hashlib.sha256(path.encode() + b"\0" + ctype.encode() + b"\0" + body).hexdigest()
         if is_reply:
             return await self._receive_reply(request, msg_id, digest, ctype, body)
-        existing = await run_in_threadpool(
-            self._store, msg_id, path, mode, digest, ctype, body, response_url
+        existing = await self._group().run(
+            functools.partial(self._store, msg_id, path, mode, digest, ctype, body, response_url)
         )
         if existing is None:
             self.stats["received"] += 1
@@ -404,21 +418,21 @@ class Receiver:
         ctype: str,
         body: bytes,
         response_url: str | None,
+        tx: Tx,
     ) -> q.InboxRow | None:
         now = self.db.clock.now()
-        with self.db.store.transaction() as tx:
-            return q.insert_incoming(
-                tx,
-                msg_id=msg_id,
-                path=path,
-                mode=mode,
-                body_hash=digest,
-                content_type=ctype,
-                body=body,
-                response_url=response_url,
-                now=now,
-                work_at=None if mode == "put" else now,
-            )
+        return q.insert_incoming(
+            tx,
+            msg_id=msg_id,
+            path=path,
+            mode=mode,
+            body_hash=digest,
+            content_type=ctype,
+            body=body,
+            response_url=response_url,
+            now=now,
+            work_at=None if mode == "put" else now,
+        )
 
     def _handle(self, msg_id: str, background: bool) -> _Answer | None:
         """Run the node's handler for one inbox entry in one transaction; None if busy."""

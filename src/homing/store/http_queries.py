@@ -199,6 +199,23 @@ def claim_work(tx: Tx, *, now: float, until: float, token: str, limit: int) -> l
     return out
 
 
+def live_claims(tx: Tx, *, now: float) -> list[str]:
+    rows = tx.query(
+        "SELECT DISTINCT claim_token FROM homing_http_outbox "
+        "WHERE claim_token IS NOT NULL AND claimed_until >= ?",
+        (now,),
+    )
+    return [str(r[0]) for r in rows]
+
+
+def release_claims(tx: Tx, token: str) -> None:
+    tx.execute(
+        "UPDATE homing_http_outbox SET claim_token = NULL, claimed_until = NULL "
+        "WHERE claim_token = ?",
+        (token,),
+    )
+
+
 def mark_delivered(
     tx: Tx,
     msg_id: str,

@@ -1,0 +1,59 @@
+"""Group commit: many small writes from concurrent asyncio tasks share one transaction.
+
+Each write is a function of an open ``Tx``. The writes queued while one commit is in flight
+go together in the next transaction, so N concurrent requests cost one fsync instead of N.
+If a batch fails, its writes are retried one transaction each, so one bad write cannot take
+the others down with it. A write's caller resumes only after its transaction committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from homing.store.protocol import Store, Tx
+
+Runner = Callable[[Callable[[], Any]], Awaitable[Any]]
+
+
+class GroupCommit:
+    def __init__(self, store: Store, run_in_thread: Runner, max_batch: int = 128) -> None:
+        self.store = store
+        self.run_in_thread = run_in_thread
+        self.max_batch = max_batch
+        self._queue: list[tuple[Callable[[Tx], Any], asyncio.Future[Any]]] = []
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def run(self, fn: Callable[[Tx], Any]) -> Any:
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queue.append((fn, fut))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.ensure_future(self._flush())
+        return await fut
+
+    def _commit(self, fns: list[Callable[[Tx], Any]]) -> list[Any]:
+        with self.store.transaction() as tx:
+            return [fn(tx) for fn in fns]
+
+    async def _flush(self) -> None:
+        while self._queue:
+            batch = self._queue[: self.max_batch]
+            del self._queue[: self.max_batch]
+            fns = [fn for fn, _ in batch]
+            try:
+                results = await self.run_in_thread(lambda fns=fns: self._commit(fns))  # type: ignore[misc]
+            except Exception:
+                for fn, fut in batch:
+                    try:
+                        result = await self.run_in_thread(lambda fn=fn: self._commit([fn])[0])  # type: ignore[misc]
+                    except Exception as exc:
+                        if not fut.done():
+                            fut.set_exception(exc)
+                    else:
+                        if not fut.done():
+                            fut.set_result(result)
+                continue
+            for (_, fut), result in zip(batch, results, strict=True):
+                if not fut.done():
+                    fut.set_result(result)

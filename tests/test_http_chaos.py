@@ -1,0 +1,397 @@
+"""Crash and network-fault proofs for reliable HTTP (seed 000): count every effect.
+
+The sender and the receiver run as real processes (uvicorn, httpx). Failpoints SIGKILL
+them at the risky steps; a small asyncio TCP proxy drops requests, drops responses (the
+lost ack), duplicates requests, delays them and resets connections mid-body. After a
+restart and a drain the checker demands lost = 0, duplicated = 0, unexpected = 0.
+
+This file is also the entry point of those processes: ``python test_http_chaos.py
+receiver|sender ...``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import homing
+
+HERE = Path(__file__).resolve()
+PY = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def mode_of(i: int) -> str:
+    return "job" if i % 10 == 0 else ("put" if i % 3 == 0 else "send")
+
+
+# -- the processes ----------------------------------------------------------------------
+def run_receiver(store_url: str, port: int) -> None:
+    import uvicorn
+
+    from homing.http import Receiver, RetryPolicy
+
+    db = homing.connect(store_url)
+    assert isinstance(db, homing.Database)
+    receiver = Receiver(
+        db,
+        allowed_hosts=["127.0.0.1"],
+        handler_retry=RetryPolicy(initial=0.05, maximum=0.5),
+        dispatcher_options={
+            "allowed_hosts": ["127.0.0.1"],
+            "retry": RetryPolicy(initial=0.05, maximum=0.5),
+            "request_timeout": 3.0,
+        },
+    )
+
+    @receiver.node("/effect")
+    def effect(body: Any, tx: homing.Transaction) -> Any:
+        tx.tx.execute("INSERT INTO effects (k) VALUES (?)", (int(body["k"]),))
+        return {"k": body["k"], "done": True}
+
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    server = uvicorn.Server(uvicorn.Config(receiver.app, log_level="error", lifespan="on"))
+    server.run(sockets=[sock])
+
+
+def run_sender(store_url: str, target: str, reply_port: int, reply_base: str, n: int) -> None:
+    from homing.http import Receiver, RetryPolicy, Sender
+    from homing.http.testing import serve_in_thread
+
+    db = homing.connect(store_url)
+    assert isinstance(db, homing.Database)
+    replies = Receiver(db, allowed_hosts=["127.0.0.1"], dispatch=False)
+    with (
+        serve_in_thread(replies.app, port=reply_port),
+        Sender(
+            db,
+            allowed_hosts=["127.0.0.1"],
+            retry=RetryPolicy(initial=0.05, maximum=0.5),
+            request_timeout=3.0,
+            per_destination=32,
+        ) as sender,
+    ):
+        with db.store.transaction(write=False) as tx:
+            done = {int(r[0]) for r in tx.query("SELECT k FROM produced")}
+        todo = [i for i in range(n) if i not in done]
+        for start in range(0, len(todo), 100):
+            with db.transaction() as t:  # the transactional outbox: produced + message
+                for i in todo[start : start + 100]:
+                    t.tx.execute("INSERT INTO produced (k) VALUES (?)", (i,))
+                    kind = mode_of(i)
+                    sender.enqueue(
+                        kind,
+                        target + "/effect",
+                        {"k": i},
+                        local_url=reply_base + "/_homing/reply" if kind == "job" else None,
+                        tx=t,
+                    )
+        with db.store.transaction(write=False) as tx:
+            rows = tx.query("SELECT id, kind FROM homing_http_outbox")
+        for msg_id, kind in rows:
+            result = sender.wait(str(msg_id), timeout=120)
+            if kind in ("put", "job"):
+                assert result["done"] is True, result
+    print(json.dumps({"waited": len(rows)}))
+
+
+# -- the proxy ------------------------------------------------------------------------------
+class ChaosProxy:
+    """TCP proxy that frames HTTP/1.1 messages and injects faults per request."""
+
+    FAULTS = ("drop_request", "drop_response", "duplicate", "delay", "reset")
+
+    def __init__(self, upstream_port: int, seed: int, rate: float) -> None:
+        self.upstream_port = upstream_port
+        self.rng = random.Random(seed)
+        self.rate = rate
+        self.port = free_port()
+        self.counts: Counter[str] = Counter()
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._main, daemon=True)
+        self._thread.start()
+        self._ready.wait(5)
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self._loop)
+
+        async def start() -> None:
+            self._server = await asyncio.start_server(self._client, "127.0.0.1", self.port)
+            self._ready.set()
+
+        self._loop.run_until_complete(start())
+        self._loop.run_forever()
+
+    def close(self) -> None:
+        self._loop.call_soon_threadsafe(self._server.close)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+    @staticmethod
+    async def _read(reader: asyncio.StreamReader, response: bool) -> bytes | None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+            return None
+        lines = head.split(b"\r\n")
+        length = 0
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value.strip())
+        if response:
+            status = int(lines[0].split()[1])
+            if status in (204, 304) or status < 200:
+                length = 0
+        try:
+            return head + await reader.readexactly(length)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return None
+
+    async def _duplicate(self, request: bytes) -> None:
+        try:
+            r, w = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+            w.write(request)
+            await w.drain()
+            await asyncio.wait_for(self._read(r, True), 5)
+            w.close()
+        except (OSError, TimeoutError):
+            pass
+
+    async def _client(self, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
+        try:
+            ureader, uwriter = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        except OSError:
+            cwriter.close()
+            return
+        try:
+            while True:
+                request = await self._read(creader, False)
+                if request is None:
+                    break
+                fault = self.rng.choice(self.FAULTS) if self.rng.random() < self.rate else "pass"
+                self.counts[fault] += 1
+                if fault == "drop_request":
+                    break
+                if fault == "reset":
+                    uwriter.write(request[: len(request) // 2])
+                    await uwriter.drain()
+                    for w in (cwriter, uwriter):
+                        sock = w.get_extra_info("socket")
+                        if sock is not None:
+                            sock.setsockopt(
+                                socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+                            )
+                    break
+                if fault == "delay":
+                    await asyncio.sleep(self.rng.uniform(0.01, 0.2))
+                if fault == "duplicate":
+                    asyncio.ensure_future(self._duplicate(request))
+                uwriter.write(request)
+                await uwriter.drain()
+                response = await self._read(ureader, True)
+                if response is None or fault == "drop_response":
+                    break
+                cwriter.write(response)
+                await cwriter.drain()
+        except ConnectionError:
+            pass
+        finally:
+            for w in (cwriter, uwriter):
+                w.close()
+
+
+# -- the harness ----------------------------------------------------------------------------
+class Scenario:
+    def __init__(self, stores: Any, tmp: Path) -> None:
+        self.sender_url = stores.url("sender")
+        self.receiver_url = stores.url("receiver")
+        for url, table in ((self.sender_url, "produced"), (self.receiver_url, "effects")):
+            db = homing.connect(url)
+            assert isinstance(db, homing.Database)
+            with db.store.transaction() as tx:
+                tx.execute(f"CREATE TABLE {table} (k INTEGER NOT NULL)")  # no unique: count dups
+            db.close()
+        self.rport = free_port()
+        self.sport = free_port()
+        self.tmp = tmp
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.restarts: Counter[str] = Counter()
+
+    def spawn(self, role: str, args: list[str], failpoints: str | None) -> subprocess.Popen[bytes]:
+        env = {**os.environ, "HOMING_FAILPOINTS": failpoints or ""}
+        log = open(self.tmp / f"{role}-{len(self.procs)}.log", "wb")
+        p = subprocess.Popen([PY, str(HERE), role, *args], env=env, stdout=log, stderr=log)
+        self.procs.append(p)
+        return p
+
+    def receiver(self, fp: str | None) -> subprocess.Popen[bytes]:
+        return self.spawn("receiver", [self.receiver_url, str(self.rport)], fp)
+
+    def sender(self, target: str, reply_base: str, n: int, fp: str | None) -> Any:
+        args = [self.sender_url, target, str(self.sport), reply_base, str(n)]
+        return self.spawn("sender", args, fp)
+
+    def run(
+        self,
+        n: int,
+        *,
+        sender_fp: str | None = None,
+        receiver_fp: str | None = None,
+        target: str | None = None,
+        reply_base: str | None = None,
+        budget: float = 60.0,
+    ) -> dict[str, Any]:
+        target = target or f"http://127.0.0.1:{self.rport}"
+        reply_base = reply_base or f"http://127.0.0.1:{self.sport}"
+        t0 = time.monotonic()
+        receiver = self.receiver(receiver_fp)
+        sender = self.sender(target, reply_base, n, sender_fp)
+        try:
+            while True:
+                assert time.monotonic() - t0 < budget, f"no drain within {budget}s: {self.logs()}"
+                if receiver.poll() is not None:
+                    assert receiver.returncode == -signal.SIGKILL, self.logs()
+                    self.restarts["receiver"] += 1
+                    receiver = self.receiver(None)
+                if sender.poll() is not None:
+                    if sender.returncode == 0:
+                        break
+                    assert sender.returncode == -signal.SIGKILL, self.logs()
+                    self.restarts["sender"] += 1
+                    sender = self.sender(target, reply_base, n, None)
+                time.sleep(0.05)
+            return self.check(n, t0)
+        finally:
+            for p in self.procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- {f.name}\n{f.read_text()[-2000:]}" for f in sorted(self.tmp.glob("*.log"))
+        )
+
+    def check(self, n: int, t0: float) -> dict[str, Any]:
+        sdb = homing.connect(self.sender_url)
+        rdb = homing.connect(self.receiver_url)
+        assert isinstance(sdb, homing.Database) and isinstance(rdb, homing.Database)
+        try:
+            with sdb.store.transaction(write=False) as tx:
+                produced = [int(r[0]) for r in tx.query("SELECT k FROM produced")]
+                states = dict(
+                    tx.query("SELECT state, COUNT(*) FROM homing_http_outbox GROUP BY state")
+                )
+            deadline = time.monotonic() + 20  # Option 2 handling runs after the 204
+            while True:
+                with rdb.store.transaction(write=False) as tx:
+                    seen = Counter(int(r[0]) for r in tx.query("SELECT k FROM effects"))
+                    left = tx.query(
+                        "SELECT COUNT(*) FROM homing_http_inbox WHERE state = 'received'"
+                    )
+                if (
+                    len(seen) >= len(set(produced)) and left[0][0] == 0
+                ) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+        finally:
+            sdb.close()
+            rdb.close()
+        acked = set(produced)
+        report = {
+            "messages": n,
+            "acked": len(acked),
+            "lost": len(acked - set(seen)),
+            "duplicated": sum(1 for c in seen.values() if c > 1),
+            "unexpected": len(set(seen) - acked),
+            "double_produced": len(produced) - len(acked),
+            "outbox": states,
+            "inbox_unhandled": left[0][0],
+            "restarts": dict(self.restarts),
+            "drain_s": round(time.monotonic() - t0, 2),
+        }
+        assert report["acked"] == n, report
+        assert report["lost"] == 0 and report["duplicated"] == 0, report
+        assert report["unexpected"] == 0 and report["double_produced"] == 0, report
+        assert states == {"delivered": n}, report
+        assert report["inbox_unhandled"] == 0, report
+        return report
+
+
+CRASHES = [
+    ("http.sender.after_outbox_insert=1*crash", "http.receiver.after_inbox_insert=3*crash"),
+    ("http.sender.before_request=5*crash", "http.receiver.in_handler_before_commit=4*crash"),
+    (
+        "http.sender.after_2xx_before_tombstone=5*crash",
+        "http.receiver.after_commit_before_response=4*crash",
+    ),
+    ("http.sender.after_tombstone_before_delete=2*crash", None),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "sender_fp,receiver_fp", CRASHES, ids=[c[0].split(".")[2] for c in CRASHES]
+)
+def test_sigkill_at_every_failpoint_then_drain(
+    stores: Any, tmp_path: Path, sender_fp: str, receiver_fp: str | None
+) -> None:
+    scenario = Scenario(stores, tmp_path)
+    report = scenario.run(30, sender_fp=sender_fp, receiver_fp=receiver_fp)
+    assert report["restarts"].get("sender") == 1, report  # the failpoint really fired
+    if receiver_fp:
+        assert report["restarts"].get("receiver") == 1, report
+    print(report)
+
+
+@pytest.mark.slow
+def test_proxy_chaos_5000_messages(stores: Any, tmp_path: Path) -> None:
+    scenario = Scenario(stores, tmp_path)
+    to_receiver = ChaosProxy(scenario.rport, seed=1, rate=0.1)
+    to_sender = ChaosProxy(scenario.sport, seed=2, rate=0.1)
+    try:
+        report = scenario.run(
+            5000,
+            target=f"http://127.0.0.1:{to_receiver.port}",
+            reply_base=f"http://127.0.0.1:{to_sender.port}",
+            budget=100,
+        )
+    finally:
+        to_receiver.close()
+        to_sender.close()
+    faults = to_receiver.counts + to_sender.counts
+    report["faults"] = dict(faults)
+    print(report)
+    for kind in ChaosProxy.FAULTS:
+        assert faults[kind] > 0, report  # every kind of fault was really injected
+
+
+if __name__ == "__main__":
+    role = sys.argv[1]
+    if role == "receiver":
+        run_receiver(sys.argv[2], int(sys.argv[3]))
+    elif role == "sender":
+        run_sender(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], int(sys.argv[6]))
