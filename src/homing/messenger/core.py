@@ -158,6 +158,7 @@ class _Pending:
     route: Route
     frames: list[bytes]
     attempts: int = 0
+    sent_at: float = 0.0
 
 
 @dataclass
@@ -207,7 +208,7 @@ class Messenger:
         retry_max: float = 5.0,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         batch: int = 256,
-        window: int = 1000,
+        window: int = 256,
         curve: Curve | None = None,
         context: zmq.Context[Any] | None = None,
     ) -> None:
@@ -885,6 +886,9 @@ class _IO:
         self.wake = m._wake_r.fileno()
         self.poller.register(self.wake, zmq.POLLIN)
         self.running = True
+        # retransmission timeout from measured round trips (RFC 6298, Karn's rule)
+        self.srtt: float | None = None
+        self.rttvar = 0.0
 
     # sockets
     def _common(self, s: zmq.Socket[Any]) -> None:
@@ -967,6 +971,7 @@ class _IO:
 
     def first_transmit(self, p: _Pending, now: float) -> None:
         self.in_flight[p.channel] = self.in_flight.get(p.channel, 0) + 1
+        p.sent_at = now
         self.m._stats["sent"] += 1
         self.transmit(p)
         self.schedule(p, now)
@@ -995,8 +1000,20 @@ class _IO:
         self.backlog.pop(destination, None)
         self.poller.modify(s, zmq.POLLIN)
 
+    def rto(self) -> float:
+        if self.srtt is None:
+            return self.m.retry_initial
+        return max(self.m.retry_initial, self.srtt + 4 * self.rttvar)
+
+    def sample_rtt(self, sample: float) -> None:
+        if self.srtt is None:
+            self.srtt, self.rttvar = sample, sample / 2
+        else:
+            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - sample)
+            self.srtt = 0.875 * self.srtt + 0.125 * sample
+
     def schedule(self, p: _Pending, now: float) -> None:
-        delay = min(self.m.retry_max, self.m.retry_initial * (2 ** min(p.attempts, 30)))
+        delay = min(self.m.retry_max, self.rto() * (2 ** min(p.attempts, 30)))
         delay *= 0.8 + 0.4 * secrets.randbelow(1000) / 1000
         heapq.heappush(
             self.timers, (now + delay, next(self.seq), p.channel, p.message_id, p.attempts)
@@ -1036,18 +1053,21 @@ class _IO:
         m = self.m
         m._stats["acks_received"] += 1
         removed = 0
+        now = time.monotonic()
         for message_id in ack.ids:
             key = (ack.channel, message_id)
             p = self.pending.get(key)
             if p is None or p.incarnation != ack.incarnation or p.route != route:
                 continue
             del self.pending[key]
+            if p.attempts == 0:
+                self.sample_rtt(now - p.sent_at)
             self.in_flight[ack.channel] -= 1
             removed += 1
             if m._db is not None:
                 m._acked_out.put(key)
         if removed:
-            self.open_window(ack.channel, time.monotonic())
+            self.open_window(ack.channel, now)
             with m._lock:
                 m._unacked -= removed
                 if m._db is not None:
