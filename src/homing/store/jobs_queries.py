@@ -56,36 +56,68 @@ def _row(tx: Tx, values: Sequence[Any]) -> dict[str, Any]:
 
 # -- insert ------------------------------------------------------------------------------
 def insert_jobs(tx: Tx, jobs: Sequence[NewJob]) -> list[str]:
-    """Insert jobs; a job whose unique_key exists already is not inserted and the existing
-    job's id is returned in its place. Returns ids in input order."""
+    """Insert jobs; a job whose id or unique_key exists already is not inserted and the
+    existing job's id is returned in its place. Returns ids in input order."""
     if not jobs:
         return []
-    args_param = "?::jsonb" if tx.dialect == "postgres" else "?"
-    tx.executemany(
-        "INSERT INTO homing_jobs (id, type, args, priority, state, run_at, available_at, "
-        f"unique_key, parent_id, created_at) VALUES (?, ?, {args_param}, ?, 'ready', ?, ?, ?, ?, ?) "
-        "ON CONFLICT DO NOTHING",
-        [
+    if tx.dialect == "postgres":
+        # One statement for the whole batch: arrays unnested server-side.
+        tx.execute(
+            "INSERT INTO homing_jobs (id, type, args, priority, state, run_at, available_at, "
+            "unique_key, parent_id, created_at) "
+            "SELECT id, type, args::jsonb, priority, 'ready', run_at, run_at, unique_key, "
+            "parent_id, created_at FROM unnest(?::text[], ?::text[], ?::text[], ?::int[], "
+            "?::float8[], ?::text[], ?::text[], ?::float8[]) "
+            "AS t(id, type, args, priority, run_at, unique_key, parent_id, created_at) "
+            "ON CONFLICT DO NOTHING",
             (
-                j.id,
-                j.type,
-                j.args_json,
-                j.priority,
-                j.run_at,
-                j.run_at,
-                j.unique_key,
-                j.parent_id,
-                j.created_at,
-            )
-            for j in jobs
-        ],
-    )
+                [j.id for j in jobs],
+                [j.type for j in jobs],
+                [j.args_json for j in jobs],
+                [j.priority for j in jobs],
+                [j.run_at for j in jobs],
+                [j.unique_key for j in jobs],
+                [j.parent_id for j in jobs],
+                [j.created_at for j in jobs],
+            ),
+        )
+    else:
+        tx.executemany(
+            "INSERT INTO homing_jobs (id, type, args, priority, state, run_at, available_at, "
+            "unique_key, parent_id, created_at) VALUES (?, ?, ?, ?, 'ready', ?, ?, ?, ?, ?) "
+            "ON CONFLICT DO NOTHING",
+            [
+                (
+                    j.id,
+                    j.type,
+                    j.args_json,
+                    j.priority,
+                    j.run_at,
+                    j.run_at,
+                    j.unique_key,
+                    j.parent_id,
+                    j.created_at,
+                )
+                for j in jobs
+            ],
+        )
     ids = [j.id for j in jobs]
-    keyed = [(i, j.unique_key) for i, j in enumerate(jobs) if j.unique_key is not None]
-    for i, key in keyed:
-        found = tx.query_one("SELECT id FROM homing_jobs WHERE unique_key = ?", (key,))
-        if found is not None:
-            ids[i] = str(found[0])
+    keys = list({j.unique_key for j in jobs if j.unique_key is not None})
+    if keys:
+        owner: dict[str, str] = {}
+        for start in range(0, len(keys), 500):
+            chunk = keys[start : start + 500]
+            if tx.dialect == "postgres":
+                rows = tx.query(
+                    "SELECT unique_key, id FROM homing_jobs WHERE unique_key = ANY(?)", (chunk,)
+                )
+            else:
+                marks = ", ".join("?" for _ in chunk)
+                rows = tx.query(
+                    f"SELECT unique_key, id FROM homing_jobs WHERE unique_key IN ({marks})", chunk
+                )
+            owner.update({str(k): str(i) for k, i in rows})
+        ids = [owner.get(j.unique_key, j.id) if j.unique_key else j.id for j in jobs]
     if tx.dialect == "postgres":
         tx.execute("SELECT pg_notify(?, '')", (notify_channel(tx),))
     return ids
