@@ -395,6 +395,22 @@ class Messenger:
         self._check_curve_destination(destination)
         self._send(Route("dealer", destination), message, callback, NOOP)
 
+    def send_many(
+        self,
+        destination: str,
+        messages: list[bytes | str],
+        callback: Callback | str | int = NOOP,
+    ) -> None:
+        """``send`` each message; in durable mode all are stored in one transaction (one
+        commit instead of one per message); ``callback`` gets each reply."""
+        if self._db is None:
+            for message in messages:
+                self.send(destination, message, callback)
+            return
+        with self._db.store.transaction():
+            for message in messages:
+                self.send(destination, message, callback)
+
     def unacknowledged(self) -> int:
         """Messages buffered or in flight whose acknowledgement has not arrived yet."""
         return self._unacked
