@@ -149,6 +149,11 @@ class Receiver:
 
         return register
 
+    @property
+    def nodes(self) -> list[str]:
+        """The registered node paths."""
+        return sorted(self._nodes)
+
     def add_node(self, path: str, handler: Handler) -> None:
         if not isinstance(path, str) or not path.startswith("/") or path.startswith(INTERNAL):
             raise InvalidArgument(

@@ -1,0 +1,139 @@
+"""``homing serve``: the reliable HTTP receiver, the outbox dispatcher and, when installed,
+the sessions HTTP API, on one uvicorn server (a composition root: it may import faces).
+
+    homing --db sqlite:///homing.db serve --port 8000 --node /orders=myapp.handlers:order
+
+Each ``--node PATH=MODULE:FUNCTION`` registers ``FUNCTION(body, tx)`` as a reliable node;
+``--setup MODULE:FUNCTION`` calls ``FUNCTION(receiver)`` to register nodes in code.
+The dispatcher drains this store's outbox (messages stored by ``Sender(db,
+dispatch=False)`` in other processes, and the job results this receiver sends back).
+"""
+
+from __future__ import annotations
+
+import importlib
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from homing.cli import open_db
+from homing.database import Database
+from homing.errors import ConfigurationError
+from homing.http import Receiver
+
+
+def _load(target: str, what: str) -> Callable[..., Any]:
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise click.BadParameter(f"{what} {target!r} must look like package.module:function")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise click.BadParameter(f"{what} {target!r}: cannot import {module_name}: {exc}") from exc
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise click.BadParameter(f"{what} {target!r}: {module_name} has no function {attr}")
+    return fn
+
+
+def build_app(receiver: Receiver, db: Database) -> Any:
+    """The receiver at ``/``, and the sessions API at ``/sessions`` if that part exists."""
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    routes = []
+    try:
+        sessions = importlib.import_module("homing.sessions.asgi")
+    except ImportError:
+        sessions = None
+    create_app = getattr(sessions, "create_app", None)
+    if create_app is not None:
+        routes.append(Mount("/sessions", app=create_app(db)))
+    routes.append(Mount("/", app=receiver.app))
+    return Starlette(routes=routes)
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
+@click.option("--port", type=int, default=8000, show_default=True)
+@click.option(
+    "--node",
+    "nodes",
+    multiple=True,
+    metavar="PATH=MODULE:FUNCTION",
+    help="Register FUNCTION(body, tx) as the reliable node at PATH (repeatable).",
+)
+@click.option(
+    "--setup",
+    "setups",
+    multiple=True,
+    metavar="MODULE:FUNCTION",
+    help="Call FUNCTION(receiver) to register nodes in code (repeatable).",
+)
+@click.option(
+    "--allow-host",
+    "allowed_hosts",
+    multiple=True,
+    help="A private host that response/confirmation URLs may name (repeatable).",
+)
+@click.option("--max-body", type=int, default=1024 * 1024, show_default=True, help="Bytes.")
+@click.option(
+    "--retention",
+    type=float,
+    default=7 * 24 * 3600.0,
+    show_default=True,
+    help="Seconds message ids are remembered (published to senders).",
+)
+@click.option("--no-dispatch", is_flag=True, help="Do not drain the outbox in this process.")
+@click.pass_context
+def serve(
+    ctx: click.Context,
+    host: str,
+    port: int,
+    nodes: tuple[str, ...],
+    setups: tuple[str, ...],
+    allowed_hosts: tuple[str, ...],
+    max_body: int,
+    retention: float,
+    no_dispatch: bool,
+) -> None:
+    """Serve reliable HTTP nodes and drain the outbox (seed 000)."""
+    import uvicorn
+
+    db = open_db(ctx)
+    if not isinstance(db, Database):
+        db.close()
+        raise ConfigurationError("homing serve works on one store, not a sharded list of URLs")
+    receiver: Receiver | None = None
+    try:
+        receiver = Receiver(
+            db,
+            allowed_hosts=allowed_hosts,
+            max_body=max_body,
+            retention=retention,
+            dispatch=not no_dispatch,
+        )
+        for spec in nodes:
+            path, sep, target = spec.partition("=")
+            if not sep:
+                raise click.BadParameter(f"--node {spec!r} must look like /path=module:function")
+            receiver.add_node(path, _load(target, "--node"))
+        for target in setups:
+            _load(target, "--setup")(receiver)
+        app = build_app(receiver, db)
+        receiver.start()
+        click.echo(
+            f"homing serve on http://{host}:{port} nodes: {', '.join(receiver.nodes) or '-'}",
+            err=True,
+        )
+        # uvicorn shuts down gracefully on SIGTERM and then re-raises it: make that an exit
+        # through ``finally`` (stop the worker and dispatcher, close the store), status 0.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        uvicorn.run(app, host=host, port=port, log_level="warning")
+    finally:
+        if receiver is not None:
+            receiver.stop()
+        db.close()

@@ -1,0 +1,112 @@
+"""``homing serve`` in a real process, and the example, on both backends."""
+
+from __future__ import annotations
+
+import os
+import runpy
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+import homing
+from homing.http import Sender
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_homing_serve_receives_and_drains_the_outbox(stores: Any) -> None:
+    url = stores.url("serve")
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "homing",
+            "--db",
+            url,
+            "serve",
+            "--port",
+            str(port),
+            "--setup",
+            "examples.http_orders:setup",
+            "--allow-host",
+            "127.0.0.1",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            try:
+                info = httpx.get(base + "/_homing/info", timeout=2).json()
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline, "homing serve did not start"
+                time.sleep(0.1)
+        assert info["nodes"] == ["/reserve"]
+        db = homing.connect(url)
+        assert isinstance(db, homing.Database)
+        try:
+            # this process only stores; the serve process's dispatcher delivers
+            sender = Sender(db, dispatch=False)
+            handle = sender.enqueue("put", base + "/reserve", {"sku": "kiwi", "qty": 5})
+            assert handle.wait(60) == {"reserved": 5, "sku": "kiwi"}
+            with db.store.transaction() as tx:
+                assert tx.query("SELECT sku, qty FROM reservations") == [("kiwi", 5)]
+        finally:
+            db.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    assert proc.returncode == 0
+
+
+def test_serve_mounts_the_sessions_api_when_it_exists(db: homing.Database) -> None:
+    from starlette.routing import Mount
+
+    from homing.http import Receiver
+    from homing.serve import build_app
+
+    app = build_app(Receiver(db, dispatch=False), db)
+    paths = [r.path for r in app.routes if isinstance(r, Mount)]
+    try:
+        import homing.sessions.asgi  # noqa: F401
+    except ImportError:
+        assert paths == [""]
+    else:
+        assert paths == ["/sessions", ""]
+
+
+def test_serve_refuses_bad_flags(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from homing.cli import cli
+
+    runner = CliRunner()
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    result = runner.invoke(cli, ["--db", url, "serve", "--node", "no-equals-sign"])
+    assert result.exit_code != 0 and "/path=module:function" in result.output
+    result = runner.invoke(cli, ["--db", url, "serve", "--setup", "nosuchmodule_xyz:f"])
+    assert result.exit_code != 0 and "cannot import" in result.output
+
+
+def test_the_example_runs() -> None:
+    result = runpy.run_path(str(ROOT / "examples" / "http_orders.py"))["main"]()
+    assert result["reservations"] == [["apple", 3], ["fig", 2], ["pear", 1]]
