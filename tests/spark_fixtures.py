@@ -46,3 +46,20 @@ def spark() -> Iterator[Any]:
     session = make_session()
     yield session
     session.stop()
+
+
+def replace_children(spark: Any, url: str, token: str) -> None:
+    """Replace the 4 parents leased under ``token`` by 100 children each."""
+    import homing.spark
+
+    parents = spark.read.format("homing").option("url", url).option("leaseToken", token).load()
+    children = parents.selectExpr(
+        "id AS parent_id", "explode(sequence(1, 100)) AS k", "'child' AS type"
+    ).repartition(2)
+    homing.spark.replace_with(children, url, lease_token=token, parents=4, keyColumns="parent_id,k")
+
+
+if __name__ == "__main__":  # a driver process for the kill -9 test
+    _, command, url, token = sys.argv
+    assert command == "replace"
+    replace_children(make_session("local[2]", "homing-kill-test"), url, token)

@@ -1,0 +1,105 @@
+"""homing.pipeline end to end at small scale: every delivery exactly once, on both backends."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import spark_fixtures  # noqa: E402
+from homing.pipeline import PipelineConfig, run_pipeline  # noqa: E402
+
+spark = spark_fixtures.spark  # the session-scoped SparkSession fixture
+
+
+def test_pipeline_small_scale_exactly_once(spark: Any, store_url: str, tmp_path: Path) -> None:
+    from rich.console import Console
+
+    cfg = PipelineConfig(
+        db=store_url,
+        events=3,
+        subscribers=40,
+        workers=2,
+        concurrency=4,
+        kills=2,
+        lock_for=2.0,
+        temp_pct=10,
+        chunk=50,  # several replace commits in the second stage
+        data_dir=tmp_path / "data",
+        timeout=240,
+        progress=False,
+    )
+    report = run_pipeline(cfg, spark=spark, console=Console(quiet=True))
+    checks = report.checks
+    assert checks["lost"] == 0
+    assert checks["duplicated"] == 0
+    assert checks["unexpected"] == 0
+    assert checks["left_unfinished"] == 0
+    assert checks["subscriptions"] == report.expected.subscriptions == 120
+    assert checks["notifications"] == report.expected.notifications
+    assert checks["notifications_perm_failed"] == report.expected.bounces > 0
+    assert report.deliveries["delivered"] == report.expected.notifications - report.expected.bounces
+    assert report.deliveries["temporary_refusals"] > 0 and checks["retries"] > 0
+    assert report.deliveries["workers_killed"] == 2
+    assert report.stages[1]["commits"] >= 3
+    assert report.ok
+
+
+def test_pipeline_on_local_cluster(tmp_path: Path) -> None:
+    """Separate executor JVMs: nothing may depend on sharing the driver's process."""
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    env["PYTHONPATH"] = str(HERE.parent / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    db = f"sqlite:///{tmp_path / 'cluster.db'}"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "homing",
+            "--db",
+            db,
+            "pipeline",
+            "run",
+            "--master",
+            "local-cluster[2,1,1024]",
+            "--events",
+            "2",
+            "--subscribers",
+            "15",
+            "--workers",
+            "1",
+            "--kills",
+            "1",
+            "--lock-for",
+            "2",
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--timeout",
+            "300",
+            "--json",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads(result.stdout[result.stdout.index("{\n") :])
+    assert report["master"] == "local-cluster[2,1,1024]"
+    assert report["checks"]["ok"] and report["checks"]["lost"] == 0
+    assert report["checks"]["duplicated"] == 0
+
+
+def test_sqlite_with_a_cluster_master_is_refused(tmp_path: Path) -> None:
+    from homing.errors import ConfigurationError
+    from homing.spark._common import check_master
+
+    with pytest.raises(ConfigurationError, match="PostgreSQL store"):
+        check_master(f"sqlite:///{tmp_path / 'x.db'}", "spark://cluster:7077")

@@ -1,0 +1,223 @@
+"""homing.spark: readers and writers against a real Spark (local[2,2]) on both backends."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import homing
+from homing.errors import ConfigurationError, StaleLease
+from homing.spark._common import check_master, derive_id
+from homing.store import spark_queries as sq
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import spark_fixtures  # noqa: E402
+
+spark = spark_fixtures.spark  # the session-scoped SparkSession fixture
+
+
+def _jobs_batch(n: int, start: int = 0) -> Any:
+    import pyarrow as pa
+
+    return pa.RecordBatch.from_pydict(
+        {"k": list(range(start, start + n)), "type": ["child"] * n, "payload": ["x"] * n}
+    )
+
+
+def _visible_count(db: homing.Database, job_type: str) -> tuple[int, int]:
+    rows = {r["type"]: r for r in db.stats()}
+    row = rows.get(job_type, {})
+    return int(row.get("ready", 0)), int(row.get("staged", 0))
+
+
+# -- no Spark needed: the writer's commit protocol ----------------------------------------
+def test_sink_commit_twice_publishes_once(db: homing.Database) -> None:
+    from homing.spark._write import JobsStreamWriter
+
+    options = {"url": db.url, "sinkId": "s1", "keyColumns": "k"}
+    writer = JobsStreamWriter(options, ["k", "type", "payload"])
+    messages = [writer.write(iter([_jobs_batch(30)])), writer.write(iter([_jobs_batch(20, 30)]))]
+    # a retried task attempt writes its rows again: nothing new appears
+    writer.write(iter([_jobs_batch(30)]))
+    assert _visible_count(db, "child") == (0, 50)  # staged, invisible before the commit
+    assert db.grab("child", lock_for=10) is None
+    fresh = JobsStreamWriter(options, ["k", "type", "payload"])  # Spark: new instance per call
+    fresh.commit(messages, 0)
+    JobsStreamWriter(options, ["k", "type", "payload"]).commit(messages, 0)
+    assert _visible_count(db, "child") == (50, 0)
+    with db.store.transaction() as tx:
+        assert tx.query_one("SELECT COUNT(*) FROM homing_spark_commits")[0] == 1
+    # the batch replayed after its commit writes nothing and publishes nothing
+    again = JobsStreamWriter(options, ["k", "type", "payload"])
+    again.commit([again.write(iter([_jobs_batch(50)]))], 0)
+    assert _visible_count(db, "child") == (50, 0)
+    ids = {j.id for j in db.grab_many("child", lock_for=10, limit=100)}
+    assert ids == {derive_id("child", k) for k in range(50)}
+
+
+def test_replace_refuses_a_lost_parent_and_adopts_orphans(db: homing.Database) -> None:
+    from homing.spark._write import JobsWriter
+
+    db.insert_many([("parent", {"n": i}) for i in range(3)])
+    first = db.grab_many("parent", lock_for=5, limit=3)
+    opts = {"url": db.url, "keyColumns": "k", "parents": "3"}
+    w1 = JobsWriter({**opts, "leaseToken": first[0].lease_token}, ["k", "type", "payload"])
+    msg = w1.write(iter([_jobs_batch(10)]))
+    db.clock.advance(6)  # type: ignore[attr-defined]
+    second = db.grab_many("parent", lock_for=5, limit=3)  # the lease passed to another run
+    with pytest.raises(StaleLease, match="only 0 still are"):
+        w1.commit([msg])
+    assert _visible_count(db, "child") == (0, 10)
+    w2 = JobsWriter({**opts, "leaseToken": second[0].lease_token}, ["k", "type", "payload"])
+    w2.commit([w2.write(iter([_jobs_batch(12)]))])  # 10 orphans adopted, 2 new
+    w2.commit([])  # a doubled commit: nothing changes
+    assert _visible_count(db, "child") == (12, 0)
+    assert {r["type"]: r["done"] for r in db.stats()}["parent"] == 3
+
+
+def test_sink_options_are_checked(tmp_path: Path) -> None:
+    from homing.spark._write import JobsStreamWriter, JobsWriter
+
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    with pytest.raises(ConfigurationError, match="deterministic row ids"):
+        JobsWriter({"url": url, "type": "t"}, ["a"])
+    with pytest.raises(ConfigurationError, match="job type"):
+        JobsWriter({"url": url, "id": "x"}, ["id"])
+    with pytest.raises(ConfigurationError, match="sinkId"):
+        JobsStreamWriter({"url": url, "type": "t"}, ["id"])
+    with pytest.raises(ConfigurationError, match="parents"):
+        JobsWriter({"url": url, "type": "t", "leaseToken": "x"}, ["id"])
+    with pytest.raises(ConfigurationError, match="local Spark master"):
+        check_master(url, "spark://elsewhere:7077")
+    check_master(url, "local-cluster[2,1,1024]")
+    check_master("postgresql://h/db", "spark://elsewhere:7077")
+
+
+# -- with Spark --------------------------------------------------------------------------
+def test_batch_read_write_roundtrip(spark: Any, db: homing.Database) -> None:
+    db.insert_many([("ev", {"n": i}) for i in range(40)])
+    df = spark.read.format("homing").option("url", db.url).option("queue", "ev").load()
+    rows = df.collect()
+    assert sorted(json.loads(r.args)["n"] for r in rows) == list(range(40))
+    out = df.selectExpr("id AS src", "'copy' AS type", "args")
+    for _ in range(2):  # written twice: deterministic ids create each job once
+        out.write.format("homing").mode("append").option("url", db.url).option(
+            "keyColumns", "src"
+        ).save()
+    assert _visible_count(db, "copy") == (40, 0)
+
+
+def test_failing_task_once_leaves_no_duplicates(spark: Any, db: homing.Database) -> None:
+    import pyarrow as pa
+
+    def fail_once(batches: Any) -> Any:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        sent = 0
+        for b in batches:
+            yield pa.RecordBatch.from_pydict({"k": b.column(0), "type": ["child"] * b.num_rows})
+            sent += b.num_rows
+            if ctx.partitionId() == 0 and ctx.attemptNumber() == 0 and sent >= 15_000:
+                raise RuntimeError("injected task failure after rows were written")
+
+    df = spark.range(0, 30_000, numPartitions=2).mapInArrow(fail_once, "k long, type string")
+    df.write.format("homing").mode("append").option("url", db.url).option("keyColumns", "k").save()
+    assert _visible_count(db, "child") == (30_000, 0)
+    with db.store.transaction() as tx:
+        assert tx.query_one("SELECT COUNT(*), COUNT(DISTINCT id) FROM homing_jobs")[0:2] == (
+            30_000,
+            30_000,
+        )
+
+
+def test_stream_replays_identical_rows_after_restart(
+    spark: Any, db: homing.Database, tmp_path: Path
+) -> None:
+    db.insert_many([("ev", {"n": i}) for i in range(25)])
+    checkpoint = tmp_path / "ckpt"
+    seen: dict[int, list[tuple[str, str]]] = {}
+
+    def record(batch_df: Any, batch_id: int) -> None:
+        seen.setdefault(batch_id, []).append(
+            tuple(sorted((r.id, r.args) for r in batch_df.collect()))  # type: ignore[arg-type]
+        )
+
+    def run() -> None:
+        q = (
+            spark.readStream.format("homing")
+            .option("url", db.url)
+            .option("queue", "ev")
+            .option("consumer", "test")
+            .option("maxRowsPerBatch", "10")
+            .load()
+            .writeStream.foreachBatch(record)
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        q.awaitTermination()
+
+    run()
+    assert sorted(seen) == [0, 1, 2]
+    assert [len(seen[b][0]) for b in (0, 1, 2)] == [10, 10, 5]
+    # the last batch is never acknowledged by AvailableNow; the cursor is at batch 1's end
+    with db.store.transaction() as tx:
+        cursor = sq.get_cursor(tx, "test", "ev")
+    assert cursor is not None and cursor["seq"] > 0
+    # a crash after the batch's offsets were logged but before its commit: replayed exactly
+    (checkpoint / "commits" / "2").unlink()
+    db.insert_many([("ev", {"n": 100 + i}) for i in range(3)])
+    run()
+    assert seen[2][0] == seen[2][1]
+    assert len(seen[3][0]) == 3
+    ids = [i for b in sorted(seen) for i, _ in seen[b][0]]
+    assert len(ids) == len(set(ids)) == 28
+
+
+def test_kill_driver_between_task_writes_and_commit(spark: Any, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'kill.db'}"
+    db = homing.connect(url)
+    assert isinstance(db, homing.Database)
+    db.insert_many([("parent", {"p": i}) for i in range(4)])
+    first = db.grab_many("parent", lock_for=3, limit=4)
+    env = dict(os.environ, HOMING_FAILPOINTS="spark.commit.before=sleep(300000)")
+    env["PYTHONPATH"] = str(HERE.parent / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    driver = subprocess.Popen(
+        [sys.executable, str(HERE / "spark_fixtures.py"), "replace", url, first[0].lease_token],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while _visible_count(db, "child")[1] < 400:  # every child staged: commit is next
+            assert driver.poll() is None, "the driver exited before the commit"
+            assert time.monotonic() < deadline, "the driver never staged its children"
+            time.sleep(0.5)
+        time.sleep(1.0)
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)  # kill -9 of the driver and its JVM
+        driver.wait()
+    assert _visible_count(db, "child") == (0, 400)
+    time.sleep(3.5)  # the parents' lease expires
+    second = db.grab_many("parent", lock_for=60, limit=4)
+    assert len(second) == 4
+    spark_fixtures.replace_children(spark, url, second[0].lease_token)
+    assert _visible_count(db, "child") == (400, 0)
+    with db.store.transaction() as tx:
+        assert tx.query_one(
+            "SELECT COUNT(*), COUNT(DISTINCT id) FROM homing_jobs WHERE type = 'child'"
+        ) == (400, 400)
+    assert {r["type"]: r["done"] for r in db.stats()}["parent"] == 4
+    db.close()
