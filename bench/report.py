@@ -402,8 +402,11 @@ def chart(doc: dict[str, Any], path: Path) -> None:
             ]
             ax.barh(range(len(names)), vals, xerr=err, color=colors, capsize=2)
             ax.set_yticks(range(len(names)), names)
-            ax.set_xscale("log")
-            ax.set_xlabel("per second (log; bars: median, whiskers: min-max)")
+            top = max([*vals, *hi, 1.0])
+            for i, v in enumerate(vals):
+                ax.text(v + top * 0.01, i, f"{v:,.0f}", va="center", fontsize=6)
+            ax.set_xlim(0, top * 1.18)
+            ax.set_xlabel("per second (bar: median; whiskers: min-max of the repetitions)")
         ax.invert_yaxis()
         ax.tick_params(axis="y", labelsize=7)
         ax.set_title(GROUP_TITLES.get(g["name"], g["name"]), fontsize=8)

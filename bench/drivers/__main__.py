@@ -52,15 +52,13 @@ def _start_consumers(drv: Driver, shared: Shared, track: bool) -> list[Any]:
 
 
 def _stop(procs: list[Any]) -> None:
+    """SIGKILL: the measurement is over, and a graceful shutdown (celery, huey, uvicorn,
+    homing's worker) would only cost seconds. The next reset cleans up after them."""
     for p in procs:
-        if p.is_alive():
-            p.terminate()
-    deadline = time.monotonic() + 3
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
         if p.is_alive():
             p.kill()
-            p.join(1)
+    for p in procs:
+        p.join(5)
 
 
 def _check_alive(procs: list[Any]) -> None:
