@@ -116,4 +116,10 @@ def worker(
         until_idle=until_idle,
         name=name,
     )
-    w.run()
+    w.run(
+        ready=lambda: click.echo(
+            f"homing worker {w.worker_id} ready: {','.join(w.types)} x{w.concurrency} "
+            f"on {w.dialect}",
+            err=True,
+        )
+    )

@@ -368,9 +368,10 @@ class Worker:
             return  # the thread in run() finishes the shutdown
         self._shutdown()
 
-    def run(self) -> None:
+    def run(self, *, ready: Callable[[], None] | None = None) -> None:
         """Run until SIGTERM / SIGINT (in the main thread), ``stop()``, or idle with
-        ``until_idle``. A second signal cuts the grace period to zero."""
+        ``until_idle``. A second signal cuts the grace period to zero. ``ready()`` is
+        called once the signal handlers are in place and the threads run."""
         installed: list[tuple[signal.Signals, Any]] = []
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -379,6 +380,8 @@ class Worker:
         try:
             if not self._started:
                 self.start()
+            if ready is not None:
+                ready()
             while not self._stopping.wait(0.2):
                 pass
             self._shutdown()

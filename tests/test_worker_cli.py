@@ -1,0 +1,148 @@
+"""``homing worker`` as a real process: bad input, SIGTERM, and crashes at the failpoints."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+import homing
+from homing.cli import cli
+
+APPS = str(Path(__file__).with_name("test_worker_apps.py"))
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "worker_app.py"
+EFFECTS_DDL = "CREATE TABLE effects (job_id TEXT NOT NULL, attempt INTEGER NOT NULL, pid INTEGER)"
+
+
+def worker_cmd(url: str, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "homing", "--db", url, "worker", "--app", f"{APPS}:app", *extra]
+
+
+def effects(db: homing.Database) -> Counter[str]:
+    with db.transaction() as tx:
+        return Counter(str(r[0]) for r in tx.connection.execute("SELECT job_id FROM effects"))
+
+
+@pytest.fixture
+def edb(store_url: str) -> Any:
+    db = homing.connect(store_url)
+    assert isinstance(db, homing.Database)
+    with db.transaction() as tx:
+        tx.connection.execute(EFFECTS_DDL)
+    yield db
+    db.close()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--app", "no_such_module_xyz:app"], "cannot import no_such_module_xyz"),
+        (["--app", f"{APPS}:nothing"], "is NoneType, not a homing.App"),
+        (["--app", "/nonexistent/file.py:app"], "no file"),
+        (["--app", f"{APPS}:app", "--types", "effect,nope"], "no handler for job type 'nope'"),
+        (["--app", f"{APPS}:app", "--concurrency", "0"], "0 is not in the range"),
+        (["--app", f"{APPS}:app", "--lock-for", "-1"], "lock_for must be > 0"),
+    ],
+)
+def test_bad_invocations_fail_with_a_clear_message(
+    args: list[str], message: str, tmp_path: Path
+) -> None:
+    result = CliRunner().invoke(cli, ["--db", f"sqlite:///{tmp_path / 'x.db'}", "worker", *args])
+    assert result.exit_code != 0
+    assert message in result.output
+    assert "Traceback" not in result.output
+
+
+def test_sigterm_lets_running_jobs_finish_and_releases_the_rest(
+    edb: homing.Database, store_url: str
+) -> None:
+    short = edb.insert("sleep", {"s": 1.0})
+    long = edb.insert("sleep", {"s": 60})
+    proc = subprocess.Popen(
+        worker_cmd(store_url, "-c", "2", "--grace", "2", "--lock-for", "30"),
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while {edb.details(h).state for h in (short, long)} != {"running"}:
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=20)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        assert proc.stderr is not None
+        err = proc.stderr.read().decode()
+    assert code == 0, err
+    assert took < 8, err  # grace of 2 s, then the long job's lease was released
+    assert edb.details(short).state == "done"
+    d = edb.details(long)
+    assert d.state == "ready" and d.failures[-1].kind == "released", err
+    assert effects(edb) == Counter({short: 1})
+    assert "outcome=done" in err and "outcome=released" in err  # one log line per job
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("point", "nth"),
+    [
+        ("worker.after_grab", 1),
+        ("worker.after_effect_before_complete", 3),
+        ("worker.in_replace", 2),
+    ],
+)
+def test_crash_at_a_failpoint_then_recover_exactly_once(
+    edb: homing.Database, store_url: str, point: str, nth: int
+) -> None:
+    parents = edb.insert_many([("fired", {"n": 2}) for _ in range(3)])
+    plain = edb.insert_many([("effect", {"k": k}) for k in range(6)])
+    env = {**os.environ, "HOMING_FAILPOINTS": f"{point}={nth}*crash"}
+    proc = subprocess.run(
+        worker_cmd(store_url, "-c", "2", "--lock-for", "0.5", "--until-idle"),
+        env=env,
+        capture_output=True,
+        timeout=60,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()  # it did crash there
+    time.sleep(0.6)  # the dead worker's leases run out
+    from test_worker_apps import app
+
+    app.worker(db=edb, concurrency=2, until_idle=True).run()
+    children: Counter[str | None] = Counter()
+    leaves: list[str] = list(plain)
+    for handle in effects(edb):
+        d = edb.details(handle)
+        if d.parent is not None:
+            children[d.parent] += 1
+            leaves.append(handle)
+    assert children == Counter({p: 2 for p in parents})  # replace: all children, once
+    assert effects(edb) == Counter({h: 1 for h in leaves})  # lost = 0, duplicated = 0
+    assert {edb.details(h).state for h in parents + leaves} == {"done"}
+
+
+def test_the_example_app_runs() -> None:
+    sys.path.insert(0, str(EXAMPLE.parent))
+    try:
+        import worker_app
+    finally:
+        sys.path.remove(str(EXAMPLE.parent))
+    result = worker_app.main()
+    assert result["sent"] == [
+        "greylisted@example.com",
+        "user0@example.com",
+        "user1@example.com",
+        "user2@example.com",
+        "user3@example.com",
+    ]
+    assert result["stats"]["send_email"] == {"done": 5, "failed": 1}
