@@ -30,6 +30,7 @@ from homing.http import (
     RetryPolicy,
     Sender,
     UnsafeURL,
+    gc,
     wire,
 )
 from homing.http.testing import serve_in_thread
@@ -411,3 +412,21 @@ def test_url_safety_rules() -> None:
             wire.check_url(bad)
     with pytest.raises(homing.InvalidArgument):
         wire.check_url("http://a b/")
+
+
+def test_a_job_whose_result_comes_after_the_deadline_raises_and_gc_forgets(pair: Pair) -> None:
+    with pair.sender(absurd_after=0.6) as sender:
+        with pytest.raises(DeadlineExceeded):
+            sender.perform_job(pair.base + "/effect", pair.reply_url, {"sleep": 1.5, "late": 1})
+    # the late result is still acked (204) and changes nothing on the sender
+    assert eventually(lambda: len(pair.effects_of('"late"')) == 1)
+    with pair.sdb.store.transaction() as tx:
+        rows = tx.query(
+            "SELECT state FROM homing_http_outbox WHERE body = ?", (b'{"sleep":1.5,"late":1}',)
+        )
+    assert rows == [("failed",)]
+    out, inn = gc(pair.rdb, older_than=3600)  # nothing is that old yet
+    assert (out, inn) == (0, 0)
+    before = inbox_size(pair.rdb)
+    out, inn = gc(pair.rdb, older_than=-60)  # everything is "old": handled ids go
+    assert inn > 0 and inbox_size(pair.rdb) == before - inn

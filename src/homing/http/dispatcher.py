@@ -35,6 +35,8 @@ from homing.store.protocol import Tx
 log = logging.getLogger("homing.http")
 T = TypeVar("T")
 
+DEADLINE_PREFIX = "the absurd deadline passed"
+
 #: Wakes every waiter in this process when a dispatcher or reply node records an outcome.
 changed = threading.Condition()
 
@@ -259,8 +261,7 @@ class Dispatcher:
                 self._fail_row,
                 row,
                 token,
-                f"the absurd deadline passed after {row.attempts} attempts "
-                f"(last error: {row.last_error})",
+                f"{DEADLINE_PREFIX} after {row.attempts} attempts (last error: {row.last_error})",
                 None,
             )
             return

@@ -20,7 +20,7 @@ from homing._failpoints import failpoint
 from homing.database import Database, Transaction
 from homing.errors import InvalidArgument, NotFound, PayloadTooLarge
 from homing.http import wire
-from homing.http.dispatcher import Dispatcher, changed
+from homing.http.dispatcher import DEADLINE_PREFIX, Dispatcher, changed
 from homing.http.errors import DeadlineExceeded, MessageFailed
 from homing.http.policy import DEFAULT_ABSURD_AFTER_S, DEFAULT_FATAL_STATUSES, RetryPolicy
 from homing.store import http_queries as q
@@ -251,7 +251,8 @@ class Sender:
                 row.status or 200, row.resp_content_type or wire.BYTES_TYPE, row.resp_body or b""
             ).value
         if row.state == "failed":
-            cls = DeadlineExceeded if "deadline" in (row.last_error or "") else MessageFailed
+            error = row.last_error or ""
+            cls = DeadlineExceeded if error.startswith(DEADLINE_PREFIX) else MessageFailed
             raise cls(
                 f"message {msg_id} to {row.url} failed: {row.last_error}",
                 msg_id=msg_id,
@@ -264,7 +265,7 @@ class Sender:
                     wtx,
                     msg_id,
                     now=self.db.clock.now(),
-                    error="the absurd deadline passed while waiting for the job's result",
+                    error=f"{DEADLINE_PREFIX} while waiting for the job's result",
                     status=None,
                     content_type=None,
                     body=None,

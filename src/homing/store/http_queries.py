@@ -434,7 +434,8 @@ def gc(tx: Tx, *, before: float) -> tuple[int, int]:
         (before,),
     )
     inn = tx.rowcount(
-        "DELETE FROM homing_http_inbox WHERE state <> 'received' AND received_at < ?",
+        "DELETE FROM homing_http_inbox WHERE received_at < ? "
+        "AND (state <> 'received' OR mode = 'put')",
         (before,),
     )
     return out, inn
