@@ -347,7 +347,7 @@ def test_poison_job_that_kills_its_workers_ends_failed(sdb: homing.Database) -> 
     for _ in range(2):  # two workers "die" holding the job
         assert sdb.grab("poison", lock_for=0.05) is not None
         time.sleep(0.08)
-    drain(app, sdb)
+    drain(app, sdb, lock_for=10)
     d = sdb.details(handle)
     assert d.state == "failed" and d.attempts == 3
     assert "over max_attempts=2" in d.failures[-1].message

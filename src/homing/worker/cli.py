@@ -69,6 +69,12 @@ def load_app(target: str) -> App:
     show_default=True,
     help="Seconds running handlers get to finish after SIGTERM before their leases are released.",
 )
+@click.option(
+    "--prefetch",
+    type=click.IntRange(0, 10_000),
+    default=None,
+    help="Jobs grabbed beyond the free handler slots (default max(4, concurrency)); 0 for long jobs.",
+)
 @click.option("--until-idle", is_flag=True, help="Exit once no job is available and none runs.")
 @click.option("--name", default="worker", show_default=True, help="Worker name in leases and logs.")
 @click.option(
@@ -88,6 +94,7 @@ def worker(
     types: str | None,
     lock_for: float | None,
     grace: float,
+    prefetch: int | None,
     until_idle: bool,
     name: str,
     log_format: str,
@@ -113,6 +120,7 @@ def worker(
         types=type_list,
         lock_for=lock_for,
         grace=grace,
+        prefetch=prefetch,
         until_idle=until_idle,
         name=name,
     )

@@ -229,8 +229,9 @@ class Worker:
     ``max_poll`` (SQLite's idle polling back-off), ``idle_wait`` (PostgreSQL: longest wait
     for a NOTIFY before polling anyway; catches jobs whose ``run_at`` came due),
     ``until_idle`` (stop once nothing is available and nothing runs), ``prefetch`` (jobs
-    grabbed beyond the free handler slots, default ``concurrency``: fewer, larger grabs;
-    they wait leased in memory, covered by the heartbeat), ``name``.
+    grabbed beyond the free handler slots, default ``max(4, concurrency)``: fewer, larger
+    grabs; they wait leased in memory, covered by the heartbeat; use 0 for long jobs, so
+    that an idle worker elsewhere takes them instead), ``name``.
     """
 
     def __init__(
@@ -275,7 +276,7 @@ class Worker:
         self.idle_wait = check_seconds("idle_wait", idle_wait, allow_zero=False)
         self.until_idle = until_idle
         if prefetch is None:
-            prefetch = concurrency
+            prefetch = max(4, concurrency)
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
             raise InvalidArgument(f"prefetch must be an integer >= 0, got {prefetch!r}")
         self.prefetch = prefetch
