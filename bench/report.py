@@ -18,6 +18,7 @@ GROUP_TITLES = {
     "enqueue-100": "Enqueue only, batches of 100 (jobs/s)",
     "latency-1": "Insert-to-start latency at half the system's full-cycle rate (ms)",
     "transport-1": "Bare transports, messages/s (no storage)",
+    "external": "HTTP and messenger: homing vs the bare transport (bench/http.py, bench/messenger.py)",
 }
 
 
@@ -204,16 +205,16 @@ def targets(doc: dict[str, Any]) -> list[Target]:
         ),
         Target(
             "http-vs-starlette",
-            "HTTP receiver durable msgs/s >= 0.8x bare Starlette no-op",
-            ("transport-1", "homing-http"),
-            ("transport-1", "starlette"),
+            "HTTP receiver durable msgs/s >= 0.8x bare Starlette no-op (bench/http.py)",
+            ("external", "homing-http"),
+            ("external", "starlette (http.py)"),
             0.8,
         ),
         Target(
             "messenger-vs-zmq",
-            "messenger (in-memory) >= 0.5x raw pyzmq PUSH/PULL",
-            ("transport-1", "homing-messenger"),
-            ("transport-1", "zmq-pushpull"),
+            "messenger (in-memory) >= 0.5x raw pyzmq PUSH/PULL (bench/messenger.py)",
+            ("external", "homing-messenger"),
+            ("external", "zmq-pushpull (messenger.py)"),
             0.5,
         ),
     ]

@@ -56,6 +56,7 @@ LATENCY = [
     "procrastinate",
 ]
 BATCH = 100
+SLOW_DRAIN = ("celery-redis", "rq-redis", "litequeue")
 
 
 @dataclass
@@ -103,7 +104,9 @@ def plan(smoke: bool) -> list[Group]:
         Group("cycle-1", "cycle", 1, per_job, cyc),
         Group("cycle-100", "cycle", BATCH, BATCHED, cyc),
         Group("latency-1", "latency", 1, LATENCY, {"seconds": 2.0}),
-        Group("drain-1", "drain", 1, per_job, drain),
+        # Celery, RQ and litequeue drains add little (their cycle says the same) and cost
+        # the most start-up time; they stay in the full cycle.
+        Group("drain-1", "drain", 1, [s for s in per_job if s not in SLOW_DRAIN], drain),
         Group("drain-100", "drain", BATCH, BATCHED, {**drain, "jobs": 5000}),
         Group("enqueue-1", "enqueue", 1, producers, enq),
         Group(
@@ -156,6 +159,69 @@ def run_cell(spec: dict[str, Any], log: Any, timeout: float) -> dict[str, Any]:
     return result
 
 
+# The HTTP and messenger parts have benchmark scripts of their own (their owners'), which
+# pair homing with the bare transport inside one run; the harness runs them once per
+# repetition and takes both figures of each pair, so their ratio enters the targets.
+EXTERNAL: dict[str, list[str]] = {
+    "messenger": ["bench/messenger.py", "--n", "1500", "--durable-n", "200"],
+    "http": ["bench/http.py", "--n", "500"],
+}
+EXTERNAL_SYSTEMS = [
+    "homing-messenger",
+    "zmq-pushpull (messenger.py)",
+    "homing-http",
+    "starlette (http.py)",
+]
+
+
+def run_external(name: str, out: Path, log: Any, timeout: float) -> list[dict[str, Any]]:
+    """Run one external script; return cells (system, rate) for the pair it measured."""
+    path = out / f"{name}.json"
+    path.unlink(missing_ok=True)
+    cmd = [sys.executable, *EXTERNAL[name], "--out", str(path)]
+    started = time.monotonic()
+    try:
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=cell_env(name)
+        )
+        log.write(f"--- {' '.join(cmd)} (exit {proc.returncode})\n{proc.stderr[-4000:]}\n")
+        error = None if proc.returncode == 0 else f"exit code {proc.returncode}"
+    except subprocess.TimeoutExpired:
+        error = f"timed out after {timeout:.0f} s"
+    wall = time.monotonic() - started
+    names = (
+        ("homing-messenger", "zmq-pushpull (messenger.py)")
+        if name == "messenger"
+        else ("homing-http", "starlette (http.py)")
+    )
+    try:
+        if error:
+            raise RuntimeError(error)
+        doc = json.loads(path.read_text())
+        if name == "messenger":
+            rows = {
+                r["system"]: r
+                for r in doc["results"]
+                if r["transport"] == "tcp" and r["workload"] == "one-way"
+            }
+            pair = (rows["homing-memory"]["rate"], rows["zmq-push-pull"]["rate"])
+            what = "tcp one-way, homing messenger in memory vs PUSH/PULL"
+        else:
+            rows = {r["name"]: r for r in next(iter(doc["runs"].values()))["results"]}
+            pair = (
+                rows["homing send (Option 2)"]["msgs_per_s"],
+                rows["plain httpx POST"]["msgs_per_s"],
+            )
+            what = "homing send (Option 2, durable) vs plain POST to a no-op endpoint, same server"
+        return [
+            {"system": names[0], "ok": True, "rate": pair[0], "wall_s": wall, "durability": what},
+            {"system": names[1], "ok": True, "rate": pair[1], "wall_s": wall, "durability": what},
+        ]
+    except Exception as exc:
+        err = f"{name}: {type(exc).__name__}: {exc}"
+        return [{"system": n, "ok": False, "error": err, "wall_s": wall} for n in names]
+
+
 def collect_settings() -> dict[str, Any]:
     out: dict[str, Any] = {
         "python": sys.version.split()[0],
@@ -191,6 +257,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory")
     ap.add_argument("--list", action="store_true", help="print the plan and exit")
     ap.add_argument(
+        "--no-external",
+        action="store_true",
+        help="skip bench/http.py and bench/messenger.py (skipped anyway with --smoke)",
+    )
+    ap.add_argument(
         "--parallel",
         type=int,
         default=None,
@@ -201,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     reps = args.reps if args.reps is not None else (1 if args.smoke else 3)
     parallel = args.parallel or (3 if args.smoke else 1)
     groups = plan(args.smoke)
+    if not (args.smoke or args.no_external or args.systems):
+        groups.append(Group("external", "external", 1, list(EXTERNAL_SYSTEMS)))
     if args.only:
         groups = [g for g in groups if g.name in args.only]
     if args.systems:
@@ -208,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
             g.systems = [s for s in g.systems if s in args.systems]
         groups = [g for g in groups if g.systems]
     for g in groups:
-        unknown = [s for s in g.systems if s not in REGISTRY]
+        unknown = [s for s in g.systems if s not in REGISTRY and g.workload != "external"]
         if unknown:
             ap.error(f"unknown systems {unknown}")
     if args.list:
@@ -241,6 +314,12 @@ def main(argv: list[str] | None = None) -> int:
             doc["probes"].append({"rep": rep, "group": None, **probe})
             print(f"rep {rep + 1}/{reps}: fdatasync {probe['fdatasync_per_s']:.0f}/s", flush=True)
             for g in groups:
+                if g.workload == "external":
+                    for name in EXTERNAL:
+                        for res in run_external(name, args.out, log, 180.0):
+                            doc["cells"].append({"group": g.name, "rep": rep, **res})
+                            print("  " + report.cell_line(g.name, res["system"], res), flush=True)
+                    continue
                 if rep > 0 or g is not groups[0]:
                     probe = fsync_probe(probe_dir, 0.2)
                     doc["probes"].append({"rep": rep, "group": g.name, **probe})
