@@ -4,6 +4,8 @@ retries and their history, heartbeats, fencing. Processes and kill -9: test_work
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import threading
 import time
 from collections import Counter
@@ -397,3 +399,47 @@ def test_ctx_transaction_refuses_other_threads(sdb: homing.Database) -> None:
     drain(app, sdb)
     assert len(errors) == 1 and "handler's own thread" in str(errors[0])
     assert effects(sdb) == Counter({handle: 1})
+
+
+@pytest.fixture
+def sharded(tmp_path: Any) -> Any:
+    """Two PostgreSQL shards (schemas); sharding is PostgreSQL-only by design."""
+    conftest = next(
+        m
+        for m in list(sys.modules.values())
+        if str(getattr(m, "__file__", "") or "").endswith(os.path.join("tests", "conftest.py"))
+    )
+    factory = conftest.StoreFactory("postgres", tmp_path)
+    db = homing.connect([factory.url("shard0"), factory.url("shard1")])
+    assert isinstance(db, homing.ShardedDatabase)
+    for shard in range(2):
+        with db.transaction(shard) as tx:
+            tx.connection.execute(EFFECTS_DDL)
+    yield db
+    db.close()
+    factory.cleanup()
+
+
+def test_a_sharded_store_runs_each_job_in_its_shard(sharded: homing.ShardedDatabase) -> None:
+    app = App(sharded)
+
+    @app.job("effect")
+    def effect(job: homing.Job, ctx: JobContext) -> None:
+        write_effect(ctx, job.id)
+
+    @app.job("noop")
+    def noop(job: homing.Job, ctx: JobContext) -> None:
+        pass
+
+    handles = sharded.insert_many([("effect", i) for i in range(40)])
+    noops = sharded.insert_many([("noop", i) for i in range(10)])
+    assert {h.split(":")[0] for h in handles} == {"0", "1"}
+    worker = app.worker(db=sharded, concurrency=4, until_idle=True)
+    worker.run()
+    per_shard: Counter[str] = Counter()
+    for shard in range(2):
+        with sharded.transaction(shard) as tx:
+            for (job_id,) in tx.connection.execute("SELECT job_id FROM effects").fetchall():
+                per_shard[f"{shard}:{job_id}"] += 1
+    assert per_shard == Counter({h: 1 for h in handles})
+    assert {sharded.details(h).state for h in handles + noops} == {"done"}
