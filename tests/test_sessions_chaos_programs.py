@@ -1,0 +1,103 @@
+"""The programs that tests/test_sessions_chaos.py runs in child processes (no tests here).
+
+Kept apart from the test module so that a child starts without importing pytest:
+``python tests/test_sessions_chaos_programs.py client URL CLIENT_ID N_ITEMS INCARNATION``
+or ``... server URL STOP_FILE``. ``HOMING_FAILPOINTS`` in the environment sets the crashes.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+import homing
+from homing.sessions import Reply, Request, Server, Sessions
+
+QUEUE = "work"
+
+
+def client_program(url: str, client_id: str, n_items: int, incarnation: int) -> int:
+    """A client that recovers its session, acts on each state, then finishes its items."""
+    db = homing.connect(url, migrate=False)  # the parent migrated the store
+    assert isinstance(db, homing.Database)
+    session = Sessions(db, keep_replies=5).open(client_id)
+    rec = session.recover()
+    with db.store.transaction() as tx:
+        for st in rec.requests:
+            tx.execute(
+                "INSERT INTO decisions (client_id, incarnation, request_id, state, is_last) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (client_id, incarnation, st.request_id, st.state, int(st == rec.last)),
+            )
+        done = {
+            int(r[0])
+            for r in tx.query(
+                "SELECT item FROM effects WHERE client_id = ? AND kind = 'reply'", (client_id,)
+            )
+        }
+    known = set(done)
+    for st in rec.requests:
+        known.add(int(st.body["item"]))
+        if st.state == "A":
+            session.resubmit()  # never submitted: submit it now (B next)
+    # D: this client's own store (effects) has a durable record of them; let the QM forget.
+    session.confirm([st.request_id for st in rec.requests if st.state == "D"])
+
+    def record(reply: Reply, txn: homing.Transaction) -> None:
+        txn.tx.execute(
+            "INSERT INTO effects (client_id, item, request_id, kind) VALUES (?, ?, ?, 'reply')",
+            (client_id, reply.request["item"], reply.request_id),
+        )
+
+    pending = [i for i in range(n_items) if i not in known]
+    unconfirmed: list[str] = []
+    deadline = time.monotonic() + 60
+    while len(done) < n_items:
+        if time.monotonic() > deadline:
+            print(f"client gave up: done {sorted(done)}", file=sys.stderr)
+            return 2
+        if pending:
+            session.submit(QUEUE, {"item": pending.pop(0)})
+        reply = session.take_reply(record, timeout=0 if pending else 0.05)
+        if reply is not None:
+            done.add(int(reply.request["item"]))
+            unconfirmed.append(reply.request_id)
+            if len(unconfirmed) >= 7:
+                session.confirm(unconfirmed)
+                unconfirmed.clear()
+    db.close()
+    return 0
+
+
+def process(request: Request, txn: homing.Transaction) -> Any:
+    txn.tx.execute(
+        "INSERT INTO effects (client_id, item, request_id, kind) VALUES (?, ?, ?, 'processed')",
+        (request.body.get("client"), request.body["item"], request.id),
+    )
+    return {"item": request.body["item"], "processed": True}
+
+
+def server_program(url: str, stop_file: str) -> int:
+    db = homing.connect(url, migrate=False)  # the parent migrated the store
+    assert isinstance(db, homing.Database)
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not os.path.exists(stop_file):
+            time.sleep(0.02)
+        stop.set()
+
+    threading.Thread(target=watch, daemon=True).start()
+    Server(db, QUEUE, process).run(stop, idle_wait=0.05)
+    db.close()
+    return 0
+
+
+if __name__ == "__main__":
+    role, *argv = sys.argv[1:]
+    if role == "client":
+        sys.exit(client_program(argv[0], argv[1], int(argv[2]), int(argv[3])))
+    sys.exit(server_program(argv[0], argv[1]))
