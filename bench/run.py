@@ -72,7 +72,7 @@ def plan(smoke: bool) -> list[Group]:
     """The default set (about 12 minutes with 3 repetitions) or the smoke set (< 60 s)."""
     per_job = PG_JOBS + SQLITE_JOBS + OTHERS
     if smoke:
-        cyc = {"seconds": 0.3, "warmup_s": 0.2}
+        cyc = {"seconds": 0.3, "warmup_s": 0.1}
         return [
             Group("cycle-1", "cycle", 1, per_job + TRANSPORTS, cyc),
             Group("cycle-100", "cycle", BATCH, ["homing-sqlite", "raw-sqlite", "homing-pg"], cyc),
@@ -80,20 +80,12 @@ def plan(smoke: bool) -> list[Group]:
                 "drain-1",
                 "drain",
                 1,
-                ["homing-sqlite", "homing-pg", "raw-pg"],
+                ["homing-sqlite", "homing-pg"],
                 {"jobs": 100, "preload_s": 2, "seconds": 2},
             ),
-            Group(
-                "enqueue-1",
-                "enqueue",
-                1,
-                ["homing-sqlite", "homing-pg", "procrastinate"],
-                {"seconds": 0.2},
-            ),
-            Group(
-                "enqueue-100", "enqueue", BATCH, ["homing-sqlite", "homing-pg"], {"seconds": 0.2}
-            ),
-            Group("latency-1", "latency", 1, ["homing-pg", "homing-sqlite"], {"seconds": 0.5}),
+            Group("enqueue-1", "enqueue", 1, ["homing-sqlite", "homing-pg"], {"seconds": 0.2}),
+            Group("enqueue-100", "enqueue", BATCH, ["homing-sqlite"], {"seconds": 0.2}),
+            Group("latency-1", "latency", 1, ["homing-pg", "homing-sqlite"], {"seconds": 0.4}),
         ]
     cyc = {"seconds": 2.0, "warmup_s": 0.5}
     drain = {"jobs": 1500, "preload_s": 2.5, "seconds": 2.5}
@@ -265,12 +257,12 @@ def main(argv: list[str] | None = None) -> int:
         "--parallel",
         type=int,
         default=None,
-        help="cells run at once (default 1; smoke 3). Above 1 the numbers are not comparable",
+        help="cells run at once (default 1; smoke 4). Above 1 the numbers are not comparable",
     )
     args = ap.parse_args(argv)
 
     reps = args.reps if args.reps is not None else (1 if args.smoke else 3)
-    parallel = args.parallel or (3 if args.smoke else 1)
+    parallel = args.parallel or (4 if args.smoke else 1)
     groups = plan(args.smoke)
     if not (args.smoke or args.no_external or args.systems):
         groups.append(Group("external", "external", 1, list(EXTERNAL_SYSTEMS)))
