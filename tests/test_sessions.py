@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 from typing import Any
 
@@ -372,3 +373,32 @@ def test_quickstart_example_runs(store_url: str) -> None:
     result = module.main(store_url)
     assert result["states"] == ["A", "B", "C", "D"]
     assert result["second_reply"] == {"sku": "B-2", "total": 15}
+
+
+def test_cli_show_lookup_queues_gc(db: homing.Database, store_url: str) -> None:
+    from click.testing import CliRunner
+
+    from homing.cli import cli
+
+    session = Sessions(db).open("cli-client")
+    done = session.submit("q", {"a": 1})
+    Server(db, "q", lambda r, t: {"b": 2}).run(until_idle=True)
+    waiting = session.submit("q", {"a": 3})
+    runner = CliRunner()
+
+    def run(*args: str) -> Any:
+        return runner.invoke(cli, ["--db", store_url, "sessions", *args], catch_exceptions=False)
+
+    out = run("show", "cli-client")
+    assert out.exit_code == 0, out.output
+    assert f"LastEnqueuedID  {waiting.id}" in out.output and "state B" in out.output
+    shown = json.loads(run("show", "cli-client", "--json").output)
+    assert [r["state"] for r in shown["recovery"]["requests"]] == ["C", "B"]
+    looked = json.loads(run("lookup", done.id, "--json").output)
+    assert looked["reply"] == {"b": 2} and looked["state"] == "replied"
+    assert "replied" in run("queues").output
+    assert json.loads(run("gc", "--json").output) == {"deleted": 0}
+    missing = run("show", "nobody")
+    assert missing.exit_code == 1 and "no session for client 'nobody'" in missing.output
+    unknown = run("lookup", homing.uuid7())
+    assert unknown.exit_code == 1 and "no request" in unknown.output
