@@ -239,6 +239,19 @@ def collect_settings() -> dict[str, Any]:
     return out
 
 
+def write_outputs(doc: dict[str, Any], out: Path) -> None:
+    doc["summary"] = report.summarize(doc)
+    doc["targets"] = report.check_targets(doc)
+    (out / "results.json").write_text(json.dumps(doc, indent=1, default=str))
+    (out / "results.md").write_text(report.markdown(doc))
+    try:
+        report.chart(doc, out / "results.png")
+    except Exception as exc:  # the numbers matter more than the picture
+        print(f"chart failed: {exc}", file=sys.stderr)
+    print()
+    print(report.targets_text(doc))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true", help="everything tiny, once (< 60 s)")
@@ -248,6 +261,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--consumers", type=int, default=2, help="consumer processes (default 2)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory")
     ap.add_argument("--list", action="store_true", help="print the plan and exit")
+    ap.add_argument(
+        "--report-only",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="rewrite the targets, table and chart of an earlier results.json into --out",
+    )
     ap.add_argument(
         "--no-external",
         action="store_true",
@@ -261,6 +281,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
 
+    if args.report_only:
+        doc = json.loads(args.report_only.read_text())
+        args.out.mkdir(parents=True, exist_ok=True)
+        write_outputs(doc, args.out)
+        return 0
     reps = args.reps if args.reps is not None else (1 if args.smoke else 3)
     parallel = args.parallel or (4 if args.smoke else 1)
     groups = plan(args.smoke)
@@ -347,16 +372,6 @@ def main(argv: list[str] | None = None) -> int:
                     print("  " + report.cell_line(g.name, system, res), flush=True)
     doc["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
     doc["elapsed_s"] = time.monotonic() - t_start
-    doc["summary"] = report.summarize(doc)
-    doc["targets"] = report.check_targets(doc)
-    (args.out / "results.json").write_text(json.dumps(doc, indent=1, default=str))
-    md = report.markdown(doc)
-    (args.out / "results.md").write_text(md)
-    try:
-        report.chart(doc, args.out / "results.png")
-    except Exception as exc:
-        print(f"chart failed: {exc}", file=sys.stderr)
-    print()
-    print(report.targets_text(doc))
+    write_outputs(doc, args.out)
     print(f"\nwrote {args.out}/results.json, results.md, results.png in {doc['elapsed_s']:.0f} s")
     return 0
