@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -402,3 +406,31 @@ def test_cli_show_lookup_queues_gc(db: homing.Database, store_url: str) -> None:
     assert missing.exit_code == 1 and "no session for client 'nobody'" in missing.output
     unknown = run("lookup", homing.uuid7())
     assert unknown.exit_code == 1 and "no request" in unknown.output
+
+
+def test_cli_server_answers_until_sigterm(open_db: Any, store_url: str, tmp_path: Path) -> None:
+    db = open_db()  # the system clock, like the server process
+    (tmp_path / "my_handlers.py").write_text(
+        "def echo(request, txn):\n    return {'echo': request.body}\n"
+    )
+    session = Sessions(db).open("c")
+    request = session.submit("q", 5)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "HOMING_FAILPOINTS": ""}
+    args = ["--db", store_url, "sessions", "server", "q", "--handler", "my_handlers:echo"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "homing", *args], env=env, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        reply = session.take_reply(timeout=30)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert reply is not None and reply.body == {"echo": 5}
+    assert reply.request_id == request.id
+    assert proc.returncode == 0 and "handled 1 requests" in err, err
+    from click.testing import CliRunner
+
+    from homing.cli import cli
+
+    bad = CliRunner().invoke(cli, [*args[:-1], "no_such_module:fn"])
+    assert bad.exit_code == 2 and "cannot load 'no_such_module:fn'" in bad.output

@@ -182,3 +182,15 @@ def test_lying_content_length(http: AppClient) -> None:
         headers={"content-length": "99999999999", "content-type": "application/json"},
     )
     assert r.status_code == 413
+
+
+def test_mounted_at_sessions_like_homing_serve(db: homing.Database) -> None:
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    outer = AppClient(Starlette(routes=[Mount("/sessions", app=create_app(db))]))
+    assert outer.post("/sessions/clients/m/session").status_code == 201
+    r = outer.post("/sessions/clients/m/requests", json={"queue": "orders", "body": {"qty": 1}})
+    assert r.status_code == 201
+    rid = r.json()["request_id"]
+    assert outer.get(f"/sessions/requests/{rid}").json()["state"] == "queued"
