@@ -365,8 +365,11 @@ class Worker:
         self._wake.set()
         with self._slots:
             self._slots.notify_all()
-        if threading.current_thread() in self._threads or self._running:
-            return  # the thread in run() finishes the shutdown
+        if threading.current_thread() in self._threads:
+            return  # called from a handler: the thread in run() finishes the shutdown
+        if self._running:
+            self._stopped.wait(self.grace + 70.0)  # run() is shutting down
+            return
         self._shutdown()
 
     def run(self, *, ready: Callable[[], None] | None = None) -> None:
@@ -393,11 +396,11 @@ class Worker:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals += 1
+        # No locks here: the handler runs between two bytecodes of the main thread, which
+        # may hold them. The shutdown loop re-reads ``grace`` every 0.1 s.
         if self._signals > 1:
             self.grace = 0.0
             log.warning("second signal: releasing running jobs now")
-            with self._slots:
-                self._slots.notify_all()
         else:
             log.info(
                 "signal %d: no more grabs; running handlers have %gs to finish",
@@ -417,10 +420,14 @@ class Worker:
         return self._stopped.wait(timeout)
 
     def _shutdown_now(self) -> None:
-        deadline = time.monotonic() + self.grace
+        began = time.monotonic()
+        # No grab may land after the leases are given back: let the fetcher finish first.
+        for thread in self._threads:
+            if thread.name == "homing-fetcher" and thread is not threading.current_thread():
+                thread.join(timeout=60.0)
         with self._slots:
-            while self._inflight > 0 and time.monotonic() < deadline:
-                self._slots.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+            while self._inflight > 0 and time.monotonic() < began + self.grace:
+                self._slots.wait(min(0.1, max(0.0, began + self.grace - time.monotonic())))
         # Outcomes already handed to the completer are written first (a few ms) ...
         flush_until = time.monotonic() + 5.0
         with self._slots:
