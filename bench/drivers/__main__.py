@@ -51,6 +51,27 @@ def _start_consumers(drv: Driver, shared: Shared, track: bool) -> list[Any]:
     return procs
 
 
+def _warm_up(drv: Driver, shared: Shared, procs: list[Any], first_seq: int) -> float:
+    """Send one job per consumer and wait until they are done: every system is consuming
+    (library start-up over, connections open) before a timed window starts."""
+    n = shared.consumers
+    before = shared.total()
+    p = drv.open_producer()
+    started = time.monotonic()
+    try:
+        for k in range(n):
+            p.send([first_seq + k])
+    finally:
+        p.close()
+    deadline = started + 60
+    while shared.total() - before < n:
+        _check_alive(procs)
+        if time.monotonic() > deadline:
+            raise RuntimeError("the consumers did not finish the warm-up jobs within 60 s")
+        time.sleep(0.005)
+    return time.monotonic() - started
+
+
 def _stop(procs: list[Any]) -> None:
     """SIGKILL: the measurement is over, and a graceful shutdown (celery, huey, uvicorn,
     homing's worker) would only cost seconds. The next reset cleans up after them."""
@@ -126,6 +147,11 @@ def drain(drv: Driver, spec: dict[str, Any]) -> dict[str, Any]:
 def cycle(drv: Driver, spec: dict[str, Any]) -> dict[str, Any]:
     shared = Shared(spec["consumers"], 1)
     procs = _start_consumers(drv, shared, track=False)
+    try:
+        warm_s = _warm_up(drv, shared, procs, 10**9)
+    except BaseException:
+        _stop(procs)
+        raise
     stop = FORK.Event()
     max_backlog = max(spec.get("max_backlog", 500), 20 * drv.batch)
     producer = FORK.Process(
@@ -152,6 +178,7 @@ def cycle(drv: Driver, spec: dict[str, Any]) -> dict[str, Any]:
         "enqueued_rate": (p1 - p0) / elapsed,
         "backlog_at_end": p1 - c1,
         "max_backlog": max_backlog,
+        "warm_up_s": warm_s,
         "elapsed_s": elapsed,
     }
 
@@ -161,11 +188,14 @@ def latency(drv: Driver, spec: dict[str, Any]) -> dict[str, Any]:
     n = max(10, min(int(rate * spec["seconds"]), spec["max_jobs"]))
     shared = Shared(spec["consumers"], n)
     procs = _start_consumers(drv, shared, track=True)
+    try:
+        _warm_up(drv, shared, procs, n + 1)  # seqs >= n are not tracked
+    except BaseException:
+        _stop(procs)
+        raise
+    time.sleep(0.2)
     p = drv.open_producer()
     try:
-        # A few warm-up jobs with seq >= n are not tracked.
-        p.send([n + 1])
-        time.sleep(0.2)
         start = time.time()
         behind = 0
         for i in range(n):
