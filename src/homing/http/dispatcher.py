@@ -16,6 +16,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -124,7 +125,19 @@ class Dispatcher:
             )
             self._thread.start()
             self._started.wait(10)
+            if self.db.dialect == "postgres":  # wake up on enqueues by other processes
+                threading.Thread(
+                    target=self._listen, name="homing-http-listen", daemon=True
+                ).start()
         return self
+
+    def _listen(self) -> None:
+        while not self._stopping:
+            try:
+                if self.db.store.wait_for_notification("homing_http", 1.0):
+                    self.wake()
+            except Exception:  # the store is closing or down: the idle poll still works
+                time.sleep(1.0)
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stopping = True

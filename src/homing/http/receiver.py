@@ -642,6 +642,9 @@ class Receiver:
         try:
             if self._handle(msg_id, True) is not None:
                 failpoint("http.receiver.after_commit_before_response")
+        except Exception as exc:  # the store is down: the entry stays due, try again later
+            log.warning("handling inbox entry %s failed: %s", msg_id, exc)
+            self._stop.wait(1.0)
         finally:
             with self._running_lock:
                 self._running.discard(msg_id)
