@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 import homing
 from homing.cli import cli
+from homing.worker.cli import load_app
 
 APPS = str(Path(__file__).with_name("test_worker_apps.py"))
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "worker_app.py"
@@ -93,6 +94,44 @@ def test_sigterm_lets_running_jobs_finish_and_releases_the_rest(
     assert "outcome=done" in err and "outcome=released" in err  # one log line per job
 
 
+def test_a_worker_paused_past_its_lease_cannot_complete(
+    edb: homing.Database, store_url: str
+) -> None:
+    """SIGSTOP a worker mid-job for longer than its lease: another worker takes the job and
+    completes it; when the first one wakes up, its completion is refused (fencing)."""
+    handle = edb.insert("sleep", {"s": 1.0})
+    proc = subprocess.Popen(
+        worker_cmd(store_url, "-c", "1", "--lock-for", "1", "--prefetch", "0"),
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while edb.details(handle).state != "running":
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.02)
+        holder = edb.details(handle).holder
+        assert holder is not None and holder.pid == proc.pid
+        os.kill(proc.pid, signal.SIGSTOP)
+        time.sleep(1.3)  # the lease (1 s, heartbeats stopped too) runs out
+        load_app(f"{APPS}:app").worker(db=edb, concurrency=1, until_idle=True).run()
+        assert edb.details(handle).state == "done"
+        os.kill(proc.pid, signal.SIGCONT)
+        time.sleep(1.5)  # the first handler finishes its sleep and tries to complete
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.kill()
+        assert proc.stderr is not None
+        err = proc.stderr.read().decode()
+    assert "outcome=lease_lost" in err, err
+    assert effects(edb) == Counter({handle: 1})
+    d = edb.details(handle)
+    assert d.attempts == 2 and [f.kind for f in d.failures] == ["lease_expired"]
+    assert d.failures[0].pid == proc.pid
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("point", "nth"),
@@ -116,9 +155,7 @@ def test_crash_at_a_failpoint_then_recover_exactly_once(
     )
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()  # it did crash there
     time.sleep(0.6)  # the dead worker's leases run out
-    from test_worker_apps import app
-
-    app.worker(db=edb, concurrency=2, until_idle=True).run()
+    load_app(f"{APPS}:app").worker(db=edb, concurrency=2, until_idle=True).run()
     children: Counter[str | None] = Counter()
     leaves: list[str] = list(plain)
     for handle in effects(edb):
