@@ -85,8 +85,10 @@ def primary(args: argparse.Namespace) -> int:
             if row is not None and int(row[0]) >= args.count and m.wait_idle(0.05):
                 break
             time.sleep(0.05)
-        time.sleep(0.3)  # let the last acknowledgements of replies leave
         print("primary done", flush=True)
+        # Acknowledgements of the last replies are still leaving; if they are lost, the
+        # replica retransmits those replies until a primary is back to acknowledge them.
+        time.sleep(args.linger)
     db.close()
     return 0
 
@@ -100,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=1000)
     parser.add_argument("--batch", type=int, default=20)
     parser.add_argument("--retry", type=float, default=1.0)
+    parser.add_argument("--linger", type=float, default=1.0, help="seconds to stay when done")
     args = parser.parse_args(argv)
     args.name = args.name or args.role
     logging.basicConfig(level=logging.WARNING, format=f"{args.role}: %(message)s")

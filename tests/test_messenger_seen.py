@@ -82,7 +82,7 @@ def test_bounded_when_most_messages_arrive() -> None:
 ids = st.lists(st.integers(min_value=1, max_value=300), max_size=400)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(ids)
 def test_is_first_time_matches_a_plain_set(arrivals: list[int]) -> None:
     """Random reordering and duplication: SeenSet, the seed's function and a set agree."""

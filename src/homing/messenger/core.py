@@ -903,6 +903,8 @@ class _IO:
         self.poller.register(self.wake, zmq.POLLIN)
         self.running = True
         # retransmission timeout from measured round trips (RFC 6298, Karn's rule)
+        self.monitors: dict[zmq.Socket[Any], str] = {}
+        self.stalled: set[str] = set()  # channels with messages retransmitted twice or more
         self.srtt: float | None = None
         self.rttvar = 0.0
 
@@ -953,11 +955,47 @@ class _IO:
                 str(m._curve.server_public_keys[destination])
             )
             s.curve_serverkey = server_public
+        # (re)connections are reported, to greet the listener and retransmit at once
+        monitor = s.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        self.monitors[monitor] = destination
+        self.poller.register(monitor, zmq.POLLIN)
         s.connect(destination)
         self.dealers[destination] = s
         self.kind_of[s] = ("dealer", destination)
         self.poller.register(s, zmq.POLLIN)
         return s
+
+    def on_connected(self, monitor: zmq.Socket[Any]) -> None:
+        from zmq.utils.monitor import recv_monitor_message
+
+        destination = self.monitors[monitor]
+        while True:
+            try:
+                recv_monitor_message(monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                break
+        try:
+            self.dealers[destination].send_multipart(
+                wire.encode_hello(self.m._name_bytes), zmq.NOBLOCK
+            )
+        except zmq.ZMQError:
+            pass
+        self.kick(Route("dealer", destination))
+
+    def kick(self, route: Route) -> None:
+        """The peer on ``route`` is reachable again: retransmit its stalled messages now."""
+        channels = self.m._channels
+        hit = {c for c in self.stalled if c in channels and channels[c].route == route}
+        if not hit:
+            return
+        self.stalled -= hit
+        now = time.monotonic()
+        for p in list(self.pending.values()):
+            if p.channel in hit and p.sent_at:
+                p.attempts += 1  # makes its old timer stale
+                self.m._stats["retransmits"] += 1
+                self.transmit(p)
+                self.schedule(p, now, self.rto())
 
     # sending
     def transmit(self, p: _Pending) -> None:
@@ -1028,8 +1066,9 @@ class _IO:
             self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - sample)
             self.srtt = 0.875 * self.srtt + 0.125 * sample
 
-    def schedule(self, p: _Pending, now: float) -> None:
-        delay = min(self.m.retry_max, self.rto() * (2 ** min(p.attempts, 30)))
+    def schedule(self, p: _Pending, now: float, delay: float | None = None) -> None:
+        if delay is None:
+            delay = min(self.m.retry_max, self.rto() * (2 ** min(p.attempts, 30)))
         delay *= 0.8 + 0.4 * secrets.randbelow(1000) / 1000
         heapq.heappush(
             self.timers, (now + delay, next(self.seq), p.channel, p.message_id, p.attempts)
@@ -1045,6 +1084,8 @@ class _IO:
                 continue
             p.attempts += 1
             fired += 1
+            if p.attempts >= 2:
+                self.stalled.add(p.channel)
             self.m._stats["retransmits"] += 1
             self.transmit(p)
             self.schedule(p, now)
@@ -1076,9 +1117,11 @@ class _IO:
             if p is None or p.incarnation != ack.incarnation or p.route != route:
                 continue
             del self.pending[key]
-            if p.attempts == 0:
-                self.sample_rtt(now - p.sent_at)
-            self.in_flight[ack.channel] -= 1
+            # not transmitted yet (waiting for the window) means an earlier process sent it
+            if p.sent_at:
+                if p.attempts == 0:
+                    self.sample_rtt(now - p.sent_at)
+                self.in_flight[ack.channel] -= 1
             removed += 1
             if m._db is not None:
                 m._acked_out.put(key)
@@ -1110,8 +1153,12 @@ class _IO:
                     "messenger %s: dropped a malformed message on %s: %s", m.name, where, exc
                 )
                 continue
+            if self.stalled:
+                self.kick(route)
             if isinstance(decoded, wire.Ack):
                 self.on_ack(route, decoded)
+            elif isinstance(decoded, wire.Hello):
+                pass  # the kick above was its purpose
             else:
                 if decoded.source_cb > _MAX_CB or decoded.dest_cb > _MAX_CB:
                     m._stats["dropped_frames"] += 1
@@ -1180,6 +1227,9 @@ class _IO:
             for sock, ev in events:
                 if sock == self.wake:
                     continue
+                if sock in self.monitors:
+                    self.on_connected(sock)
+                    continue
                 if ev & zmq.POLLIN:
                     self.read(sock)
                 if ev & zmq.POLLOUT:
@@ -1189,5 +1239,10 @@ class _IO:
             self.fire_timers(now)
 
     def close(self) -> None:
-        for s in {*self.routers.values(), *self.dealers.values()}:
+        for dealer in self.dealers.values():
+            try:
+                dealer.disable_monitor()
+            except zmq.ZMQError:
+                pass
+        for s in {*self.routers.values(), *self.dealers.values(), *self.monitors}:
             s.close(0)

@@ -4,9 +4,12 @@ A message is one ZeroMQ multipart message of 8 frames::
 
     [b"HM1M", sender, channel, incarnation, message_id, source_cb, dest_cb, contents]
 
-and an acknowledgement (of one or more ids of one channel) is::
+an acknowledgement (of one or more ids of one channel) is::
 
     [b"HM1A", acker, channel, incarnation, ids]
+
+and a connecting messenger greets the listener with ``[b"HM1H", sender]`` each time its
+connection is (re)established, so the listener retransmits what waits for it at once.
 
 ``sender``/``acker`` and ``channel`` are UTF-8 text (at most 255 bytes); the integers are
 8 bytes big-endian; ``ids`` is a packed array of such integers. A ROUTER socket adds the
@@ -23,6 +26,7 @@ from homing.errors import InvalidArgument
 
 MESSAGE = b"HM1M"
 ACK = b"HM1A"
+HELLO = b"HM1H"
 MAX_NAME_BYTES = 255
 _U64 = struct.Struct(">Q")
 MAX_U64 = (1 << 64) - 1
@@ -49,6 +53,15 @@ class Ack:
     channel: str
     incarnation: int
     ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    sender: str
+
+
+def encode_hello(sender: bytes) -> list[bytes]:
+    return [HELLO, sender]
 
 
 def u64(value: int) -> bytes:
@@ -95,7 +108,7 @@ def encode_ack(acker: bytes, channel: bytes, incarnation: int, ids: list[int]) -
     return [ACK, acker, channel, _U64.pack(incarnation), struct.pack(f">{len(ids)}Q", *ids)]
 
 
-def decode(frames: list[bytes], max_body: int) -> Message | Ack:
+def decode(frames: list[bytes], max_body: int) -> Message | Ack | Hello:
     """Parse one received multipart message (without a ROUTER's identity frame)."""
     if not frames:
         raise FrameError("empty multipart message")
@@ -131,4 +144,8 @@ def decode(frames: list[bytes], max_body: int) -> Message | Ack:
             _int(frames[3], "incarnation"),
             ids,
         )
+    if kind == HELLO:
+        if len(frames) != 2:
+            raise FrameError(f"hello has {len(frames)} frames, expected 2")
+        return Hello(_text(frames[1], "sender"))
     raise FrameError(f"unknown frame kind {bytes(kind[:16])!r}; expected {MESSAGE!r} or {ACK!r}")
