@@ -183,3 +183,27 @@ def test_the_example_app_runs() -> None:
         "user3@example.com",
     ]
     assert result["stats"]["send_email"] == {"done": 5, "failed": 1}
+
+
+def test_the_apps_own_url_is_used_unless_db_is_given(tmp_path: Path) -> None:
+    own = tmp_path / "own.db"
+    other = tmp_path / "other.db"
+    app_file = tmp_path / "own_app.py"
+    app_file.write_text(
+        "from homing.worker import App\n"
+        f"app = App('sqlite:///{own}')\n"
+        "@app.job('noop')\n"
+        "def noop(job, ctx):\n"
+        "    pass\n"
+    )
+    for path in (own, other):
+        with homing.connect(f"sqlite:///{path}") as db:
+            db.insert("noop")
+    run = ["worker", "--app", f"{app_file}:app", "--until-idle"]
+    result = CliRunner().invoke(cli, run, env={"HOMING_DB": None})
+    assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(cli, ["--db", f"sqlite:///{other}", *run])
+    assert result.exit_code == 0, result.output
+    for path in (own, other):
+        with homing.connect(f"sqlite:///{path}") as db:
+            assert [r["done"] for r in db.stats()] == [1]
