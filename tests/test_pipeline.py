@@ -52,8 +52,12 @@ def test_pipeline_small_scale_exactly_once(spark: Any, store_url: str, tmp_path:
     assert report.ok
 
 
+@pytest.mark.slow
 def test_pipeline_on_local_cluster(tmp_path: Path) -> None:
-    """Separate executor JVMs: nothing may depend on sharing the driver's process."""
+    """Separate executor JVMs: nothing may depend on sharing the driver's process.
+
+    Marked slow: starting two executor JVMs and their Python workers takes 1-9 minutes
+    on a loaded 2-core machine (see docs/pipeline.md)."""
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
     env["PYTHONPATH"] = str(HERE.parent / "src") + os.pathsep + env.get("PYTHONPATH", "")
     db = f"sqlite:///{tmp_path / 'cluster.db'}"
