@@ -17,7 +17,9 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 run: $(STAMP)
-	$(PY) -m homing demo
+	@command -v java >/dev/null 2>&1 || [ -n "$$JAVA_HOME" ] || { echo "make run: Spark needs Java 17. Install it: sudo apt-get install -y openjdk-17-jre-headless (Debian/Ubuntu), brew install openjdk@17 (macOS), sudo dnf install java-17-openjdk-headless (Fedora); or set JAVA_HOME" >&2; exit 1; }
+	@$(PY) -c "import aiosmtpd" 2>/dev/null || $(PY) -m pip install --quiet aiosmtpd
+	$(PY) -m homing --db $${HOMING_DB:-sqlite:///homing-pipeline.db} pipeline run --master '$(or $(MASTER),local[*])' $(RUN_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples
