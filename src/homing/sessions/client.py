@@ -382,9 +382,11 @@ class Session:
         timeout = check_seconds("timeout", timeout, allow_zero=True)
         deadline = time.monotonic() + timeout
         while True:
-            reply = self._take_once(handler, request_id)
-            if reply is not None:
-                return reply
+            # a read first: idle polling takes no write lock (SQLite) and no row lock (PG)
+            if self.peek_reply(request_id=request_id) is not None:
+                reply = self._take_once(handler, request_id)
+                if reply is not None:
+                    return reply
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None

@@ -73,6 +73,11 @@ class Server:
     def process_one(self) -> bool:
         """Handle one due request, if any; True if one was answered or retried."""
         store = self.db.store
+        # Look first without locking, so idle servers do not hold SQLite's write lock or
+        # make PostgreSQL commit a row lock on every poll.
+        with store.transaction(write=False) as tx:
+            if not q.request_due(tx, self.queues, now=store.clock.now()):
+                return False
         failed: tuple[Request, BaseException] | None = None
         try:
             with self.db.transaction() as txn:

@@ -216,6 +216,17 @@ def next_request(tx: Tx, queues: Sequence[str], *, now: float) -> dict[str, Any]
     return _request(row)
 
 
+def request_due(tx: Tx, queues: Sequence[str], *, now: float) -> bool:
+    """Whether any request of ``queues`` is due: a cheap read before a locking dequeue."""
+    marks = ", ".join("?" for _ in queues)
+    row = tx.query_one(
+        f"SELECT 1 FROM homing_session_requests WHERE queue IN ({marks}) "
+        "AND state = 'queued' AND available_at <= ? LIMIT 1",
+        (*queues, now),
+    )
+    return row is not None
+
+
 def enqueue_reply(
     tx: Tx,
     request_id: str,
