@@ -434,3 +434,44 @@ def test_cli_server_answers_until_sigterm(open_db: Any, store_url: str, tmp_path
 
     bad = CliRunner().invoke(cli, [*args[:-1], "no_such_module:fn"])
     assert bad.exit_code == 2 and "cannot load 'no_such_module:fn'" in bad.output
+
+
+def test_public_api_is_pinned() -> None:
+    import homing.sessions
+
+    assert sorted(homing.sessions.__all__) == [
+        "ACTIONS",
+        "DuplicateRequest",
+        "NotDequeued",
+        "Recovery",
+        "Reply",
+        "Request",
+        "RequestNotFound",
+        "RequestRecord",
+        "RequestStatus",
+        "Server",
+        "Session",
+        "SessionInfo",
+        "SessionNotFound",
+        "Sessions",
+    ]
+    assert issubclass(homing.sessions.SessionNotFound, homing.NotFound)
+    assert issubclass(homing.sessions.DuplicateRequest, homing.InvalidState)
+    assert issubclass(homing.sessions.NotDequeued, homing.InvalidState)
+
+
+def test_a_server_handler_can_send_a_request_in_its_transaction(db: homing.Database) -> None:
+    """Chained services: the handler's own request commits with its reply, or not at all."""
+    sessions = Sessions(db)
+    front = sessions.open("front-client")
+
+    def forward(request: Request, txn: homing.Transaction) -> Any:
+        downstream = sessions.open("front-server").submit("back", request.body)
+        return {"forwarded_as": downstream.id}
+
+    front.submit("front", {"x": 1})
+    Server(db, "front", forward).run(until_idle=True)
+    reply = front.take_reply()
+    assert reply is not None
+    record = sessions.lookup(reply.body["forwarded_as"])
+    assert (record.client_id, record.queue, record.body) == ("front-server", "back", {"x": 1})
