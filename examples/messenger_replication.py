@@ -79,6 +79,7 @@ def primary(args: argparse.Namespace) -> int:
                 for i in range(start, stop):
                     m.send(args.endpoint, f"record-{i}", "replicated")
                 t.tx.execute("UPDATE example_progress SET next_record = ?", (stop,))
+            time.sleep(args.pace)
         while True:
             with db.transaction() as t:
                 row = t.tx.query_one("SELECT COUNT(DISTINCT record) FROM primary_replicated")
@@ -102,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=1000)
     parser.add_argument("--batch", type=int, default=20)
     parser.add_argument("--retry", type=float, default=1.0)
+    parser.add_argument("--pace", type=float, default=0.0, help="seconds between batches")
     parser.add_argument("--linger", type=float, default=1.0, help="seconds to stay when done")
     args = parser.parse_args(argv)
     args.name = args.name or args.role

@@ -29,7 +29,8 @@ class Role:
     def __init__(self, role: str, store: str, endpoint: str) -> None:
         self.role = role
         self.cmd = [sys.executable, str(EXAMPLE), role, "--store", store]
-        self.cmd += ["--endpoint", endpoint, "--retry", "0.2", "--linger", "600", "--batch", "5"]
+        self.cmd += ["--endpoint", endpoint, "--retry", "0.2", "--linger", "600"]
+        self.cmd += ["--batch", "2", "--pace", "0.02"]  # many small batches: many failpoint hits
         self.proc: subprocess.Popen[bytes] | None = None
         self.fired: list[str] = []  # failpoint plans that killed the process
         self.outside_kills = 0

@@ -22,6 +22,7 @@ import itertools
 import logging
 import math
 import queue
+import random
 import secrets
 import socket
 import threading
@@ -164,7 +165,7 @@ class _Pending:
 @dataclass
 class _Worker:
     index: int
-    inbox: queue.SimpleQueue[tuple[Route, wire.Message] | None]
+    inbox: queue.SimpleQueue[list[tuple[Route, wire.Message]] | None]
     seen: dict[tuple[str, str], tuple[int, SeenSet]] = field(default_factory=dict)
     thread: threading.Thread | None = None
 
@@ -254,8 +255,10 @@ class Messenger:
         self._wake_w.setblocking(False)
         self._woken = False
         self._callbacks: dict[int, tuple[Callback, bool]] = {}
+        self._adhoc_ids = itertools.count(secrets.randbits(62))
         self._listeners: dict[str, Callback] = {}
         self._channels: dict[str, _Channel] = {}
+        self._routes: dict[str, Route] = {}  # destinations already validated
         self._workers = [_Worker(i, queue.SimpleQueue()) for i in range(workers)]
         self._acked_out: queue.SimpleQueue[tuple[str, int] | None] = queue.SimpleQueue()
         self._unacked = 0
@@ -391,9 +394,12 @@ class Messenger:
         applied the message. In durable mode the message is stored before this returns,
         inside the caller's open transaction if there is one (an outbox).
         """
-        _check_endpoint(destination)
-        self._check_curve_destination(destination)
-        self._send(Route("dealer", destination), message, callback, NOOP)
+        route = self._routes.get(destination)
+        if route is None:
+            _check_endpoint(destination)
+            self._check_curve_destination(destination)
+            route = self._routes[destination] = Route("dealer", destination)
+        self._send(route, message, callback, NOOP)
 
     def send_many(
         self,
@@ -491,8 +497,8 @@ class Messenger:
                 raise InvalidArgument(f"callback id {callback} is not registered")
             return callback, None, None
         if callable(callback):
-            while True:
-                cb_id = secrets.randbits(62) or 1
+            while True:  # ids from a random start, so a restart does not reuse them
+                cb_id = next(self._adhoc_ids) & (_NAMED_BIT - 1) or 1
                 if cb_id not in self._callbacks:
                     return cb_id, None, callback
         raise InvalidArgument(
@@ -534,7 +540,8 @@ class Messenger:
             )
         cb_id, cb_name, fn = self._callback_for(callback)
         ch = self._channel(route)
-        self.start()
+        if not self._started:
+            self.start()
         if self._db is None:
             with self._lock:
                 ch.next_id += 1
@@ -693,18 +700,27 @@ class Messenger:
             io.close()
 
     # -- workers -----------------------------------------------------------------------
-    def _dispatch(self, route: Route, msg: wire.Message) -> None:
-        w = self._workers[hash((msg.sender, msg.channel)) % len(self._workers)]
+    def _dispatch(self, items: list[tuple[Route, wire.Message]]) -> None:
+        """Hand a burst of received messages to the workers, by sender and channel."""
+        workers = self._workers
+        if len(workers) == 1:
+            parts = {0: items}
+        else:
+            parts = {}
+            for item in items:
+                msg = item[1]
+                parts.setdefault(hash((msg.sender, msg.channel)) % len(workers), []).append(item)
         with self._lock:
-            self._inflight += 1
-        w.inbox.put((route, msg))
+            self._inflight += len(items)
+        for index, part in parts.items():
+            workers[index].inbox.put(part)
 
     def _worker_loop(self, w: _Worker) -> None:
         while True:
             item = w.inbox.get()
             if item is None:
                 return
-            batch = [item]
+            batch = list(item)
             stop = False
             while len(batch) < self._batch:
                 try:
@@ -714,7 +730,7 @@ class Messenger:
                 if nxt is None:
                     stop = True
                     break
-                batch.append(nxt)
+                batch += nxt
             try:
                 self._process(w, batch)
             except Exception:
@@ -1069,7 +1085,7 @@ class _IO:
     def schedule(self, p: _Pending, now: float, delay: float | None = None) -> None:
         if delay is None:
             delay = min(self.m.retry_max, self.rto() * (2 ** min(p.attempts, 30)))
-        delay *= 0.8 + 0.4 * secrets.randbelow(1000) / 1000
+        delay *= 0.8 + 0.4 * random.random()  # jitter
         heapq.heappush(
             self.timers, (now + delay, next(self.seq), p.channel, p.message_id, p.attempts)
         )
@@ -1133,6 +1149,15 @@ class _IO:
                     m._acker_backlog += removed
 
     def read(self, s: zmq.Socket[Any]) -> None:
+        received: list[tuple[Route, wire.Message]] = []
+        try:
+            self._read(s, received)
+        finally:
+            if received:
+                self.m._stats["received"] += len(received)
+                self.m._dispatch(received)
+
+    def _read(self, s: zmq.Socket[Any], received: list[tuple[Route, wire.Message]]) -> None:
         m = self.m
         kind, where = self.kind_of[s]
         for _ in range(_READ_BURST):
@@ -1166,8 +1191,7 @@ class _IO:
                         "messenger %s: dropped a message with a callback id over 2**63", m.name
                     )
                     continue
-                m._stats["received"] += 1
-                m._dispatch(route, decoded)
+                received.append((route, decoded))
 
     def commands(self, now: float) -> None:
         m = self.m
