@@ -32,6 +32,12 @@ APPS = str(Path(__file__).with_name("test_worker_apps.py"))
 EFFECTS_DDL = "CREATE TABLE effects (job_id TEXT NOT NULL, attempt INTEGER NOT NULL, pid INTEGER)"
 JOBS = 20_000
 WORKERS = 3
+# Batched grabs (4 handler threads + 16 prefetched): fewer grab transactions; a kill then
+# strands up to 20 jobs for the 1 s lease, which is the point.
+WORKER_ARGS = (
+    *("--app", f"{APPS}:app", "--concurrency", "4", "--prefetch", "16", "--lock-for", "1"),
+    *("--grace", "5", "--log-level", "warning", "--name"),
+)
 KILL_FOR = 45.0
 DEADLINE = 180.0
 FAILPOINTS = "worker.after_effect_before_complete=0.05%crash;worker.after_grab=0.1%crash"
@@ -61,26 +67,7 @@ class Fleet:
         self.serial[i] = self.started
         log = open(self.log_of(i), "wb")
         self.procs[i] = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "homing",
-                "--db",
-                self.url,
-                "worker",
-                "--app",
-                f"{APPS}:app",
-                "--concurrency",
-                "4",
-                "--lock-for",
-                "1",
-                "--grace",
-                "5",
-                "--log-level",
-                "warning",
-                "--name",
-                f"w{i}",
-            ],
+            [sys.executable, "-m", "homing", "--db", self.url, "worker", *WORKER_ARGS, f"w{i}"],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=self.env,
