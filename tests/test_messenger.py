@@ -289,3 +289,70 @@ def test_curve_authenticates_and_encrypts(ctx, tmp_path: Path) -> None:  # type:
     assert got == ["client:hello"]
     with pytest.raises(ConfigurationError, match="secret key"):
         Messenger("x", context=ctx, curve=Curve(server_pub))
+
+
+def test_a_returning_peer_gets_its_replies_at_once(ctx) -> None:  # type: ignore[no-untyped-def]
+    """A reply whose peer went away is retried with growing backoff; when a messenger of
+    that name connects again, its hello makes the listener retransmit at once instead of
+    waiting out the backoff (here the next timer is at least 0.9 s away)."""
+    arrived, left, replied = threading.Event(), threading.Event(), threading.Event()
+
+    def slc(m: Incoming) -> None:
+        arrived.set()
+        left.wait(5)  # the sender has gone
+        m.reply("late answer", lambda _r: None)
+        replied.set()
+
+    with Messenger("srv", context=ctx, retry_initial=0.5, retry_max=60.0) as srv:
+        endpoint = srv.listen("tcp://127.0.0.1:0", slc)
+        with Messenger("cli", context=ctx) as first:
+            first.send(endpoint, "question", lambda _r: None)
+            assert arrived.wait(5)
+        left.set()
+        assert replied.wait(5)
+        time.sleep(1.9)  # retransmissions at ~0.5 s and ~1.5 s; the next at >= 2.8 s
+        assert srv.unacknowledged() == 1
+        with Messenger("cli", context=ctx) as again:
+            t0 = time.monotonic()
+            again.connect(endpoint)
+            assert srv.wait_idle(5)
+            assert time.monotonic() - t0 < 0.6
+            # the new incarnation has no such callback: logged, dropped, acknowledged
+            wait_for(lambda: again.stats()["unknown_callbacks"] == 1)
+
+
+def test_cli_echo_and_send(tmp_path: Path) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    endpoint = f"tcp://127.0.0.1:{port}"
+    homing_cmd = [sys.executable, "-m", "homing", "messenger"]
+    server = subprocess.Popen(
+        [*homing_cmd, "echo", "--listen", endpoint, "--quiet"], stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert server.stderr is not None
+        assert "listening" in server.stderr.readline()
+        out = subprocess.run(
+            [*homing_cmd, "send", endpoint, "hello", "world"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert out.returncode == 0, out.stderr
+        assert sorted(out.stdout.split()) == ["hello", "world"]
+    finally:
+        server.terminate()
+        server.wait(10)
+    out = subprocess.run(
+        [*homing_cmd, "send", endpoint, "anyone?", "--timeout", "0.5"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 1 and "did not arrive" in out.stderr
+    assert "Traceback" not in out.stderr
