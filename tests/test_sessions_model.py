@@ -137,7 +137,7 @@ class SessionModel(RuleBasedStateMachine):
 def test_recover_against_the_model(db: homing.Database) -> None:
     SessionModel.db = db
     machine_settings = settings(
-        max_examples=12,
+        max_examples=8,
         stateful_step_count=25,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow],
