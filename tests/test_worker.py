@@ -200,13 +200,13 @@ def test_permanent_failure_and_retry_later(sdb: homing.Database) -> None:
 
 def test_a_handler_slower_than_the_lease_runs_once(sdb: homing.Database) -> None:
     """Heartbeats extend the lease, so the second worker never gets the job."""
-    app = App(sdb, lock_for=0.4)
+    app = App(sdb, lock_for=1.0)
     runs: list[str] = []
 
     @app.job("slow")
     def slow(job: homing.Job, ctx: JobContext) -> None:
         runs.append(ctx.worker_id)
-        time.sleep(1.5)  # almost four lock intervals, outside the transaction
+        time.sleep(3.0)  # three lock intervals, outside the transaction
         write_effect(ctx, job.id)
 
     handle = sdb.insert("slow")
@@ -272,12 +272,14 @@ def test_a_lost_lease_refuses_the_completion(sdb: homing.Database, open_db: Any)
 def test_heartbeat_notices_a_lost_lease_and_cancels_an_async_handler(
     sdb: homing.Database, open_db: Any
 ) -> None:
-    app = App(sdb, lock_for=0.3)
+    app = App(sdb, lock_for=0.4)  # the heartbeat extends it every ~0.2 s
     cancelled = threading.Event()
     started = threading.Event()
+    tokens: list[str] = []
 
     @app.job("long")
     async def long(job: homing.Job, ctx: JobContext) -> None:
+        tokens.append(job.lease_token)
         started.set()
         try:
             await asyncio.sleep(30)
@@ -286,22 +288,24 @@ def test_heartbeat_notices_a_lost_lease_and_cancels_an_async_handler(
             raise
 
     handle = sdb.insert("long")
-    # The first heartbeat comes 2 s after the start, too late for this 0.3 s lease: another
-    # worker takes the job meanwhile, and that beat finds the lease gone.
-    worker = app.worker(db=sdb, concurrency=1, heartbeat=2.0, prefetch=0).start()
+    worker = app.worker(db=sdb, concurrency=1, heartbeat=0.05, prefetch=0).start()
     try:
-        assert started.wait(1.5)
-        time.sleep(0.35)
-        job = open_db().grab("long", lock_for=30)
+        assert started.wait(10)
+        # Another holder takes the job over (as after an expiry, but without a race with
+        # the heartbeat): the next beat finds the lease gone and cancels the coroutine.
+        other = open_db()
+        other.release(handle, "taken over by the test", lease_token=tokens[0])
+        job = other.grab("long", lock_for=30)
         assert job is not None and job.handle == handle
-        assert cancelled.wait(5)
-        deadline = time.monotonic() + 5
+        assert cancelled.wait(10)
+        deadline = time.monotonic() + 10
         while worker.stats.lease_lost == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
     finally:
         worker.stop(grace=1)
     assert worker.stats.lease_lost == 1
-    assert sdb.details(handle).state == "running"  # the new holder has it
+    d = sdb.details(handle)
+    assert d.state == "running" and d.attempts == 2  # the new holder has it
 
 
 def test_stop_releases_unfinished_jobs_after_the_grace_period(sdb: homing.Database) -> None:
