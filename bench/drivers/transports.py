@@ -76,7 +76,7 @@ class _PushProducer:
             self.sock.send(payload_bytes(i))
 
     def close(self) -> None:
-        self.sock.close(linger=0)
+        self.sock.close(linger=2000)  # PUSH has no ack: let queued messages reach the peer
 
 
 class ZmqDealerRouter(_Transport):
