@@ -8,6 +8,8 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import homing
 from homing.sessions import Server
@@ -194,3 +196,47 @@ def test_mounted_at_sessions_like_homing_serve(db: homing.Database) -> None:
     assert r.status_code == 201
     rid = r.json()["request_id"]
     assert outer.get(f"/sessions/requests/{rid}").json()["state"] == "queued"
+
+
+JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+FIELDS = st.sampled_from(
+    ["queue", "body", "request_id", "remember", "request_ids", "keep_replies", "timeout", "x"]
+)
+ROUTES = st.sampled_from(
+    [
+        ("POST", "/clients/f/requests"),
+        ("POST", "/clients/f/prepare"),
+        ("POST", "/clients/f/replies/take"),
+        ("POST", "/clients/f/replies/confirm"),
+        ("POST", "/clients/f/session"),
+        ("POST", "/clients/f/resubmit"),
+        ("POST", "/clients/f/drop"),
+        ("GET", "/clients/f/recover"),
+    ]
+)
+
+
+def test_random_json_never_gets_a_500(http: AppClient) -> None:
+    http.post("/clients/f/session")
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(route=ROUTES, body=st.dictionaries(FIELDS, JSON_VALUES, max_size=4))
+    def check(route: tuple[str, str], body: dict[str, Any]) -> None:
+        if "timeout" in body:
+            body["timeout"] = 0  # keep a valid take from waiting
+        r = http.request(route[0], route[1], json=body)
+        assert r.status_code < 500, (route, body, r.text)
+        if r.status_code >= 400:
+            assert r.json()["error"], r.text
+
+    check()
