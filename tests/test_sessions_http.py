@@ -240,3 +240,27 @@ def test_random_json_never_gets_a_500(http: AppClient) -> None:
             assert r.json()["error"], r.text
 
     check()
+
+
+def test_retried_take_replays_the_reply(http: AppClient, db: homing.Database) -> None:
+    """The response to a take can be lost after its commit: retrying it by request id
+    gets the same reply back, marked already_taken, and takes nothing twice."""
+    http.post("/clients/c/session")
+    http.post("/clients/other/session")
+    rid = http.post("/clients/c/requests", json={"queue": "orders", "body": {"qty": 1}}).json()[
+        "request_id"
+    ]
+    theirs = http.post("/clients/other/requests", json={"queue": "orders", "body": {"qty": 2}})
+    assert http.post("/clients/c/replies/take", json={"request_id": rid}).status_code == 204
+    serve(db)
+    first = http.post("/clients/c/replies/take", json={"request_id": rid})
+    assert first.status_code == 200 and first.json()["already_taken"] is False
+    again = http.post("/clients/c/replies/take", json={"request_id": rid})
+    assert again.status_code == 200 and again.json()["already_taken"] is True
+    assert again.json()["body"] == first.json()["body"] == {"total": 3}
+    assert http.post("/clients/c/replies/take").status_code == 204  # nothing else to take
+    other = {"request_id": theirs.json()["request_id"]}
+    assert http.post("/clients/c/replies/take", json=other).status_code == 404
+    unknown = {"request_id": homing.uuid7()}
+    assert http.post("/clients/c/replies/take", json=unknown).status_code == 404
+    assert http.post("/clients/other/replies/take").json()["body"] == {"total": 6}

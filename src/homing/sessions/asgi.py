@@ -27,7 +27,7 @@ from homing.errors import (
     PayloadTooLarge,
     StoreUnavailable,
 )
-from homing.sessions._model import Recovery, Reply, Request, SessionInfo
+from homing.sessions._model import Recovery, Reply, Request, RequestNotFound, SessionInfo
 from homing.sessions.client import Sessions
 
 _MAX_DEPTH = 64
@@ -269,13 +269,41 @@ def create_app(db: Database, *, sessions: Sessions | None = None) -> Starlette:
             raise _BadInput(f"timeout must be a number of seconds up to 30, got {timeout!r}")
         client = client_of(request)
 
-        def work() -> Reply | None:
-            return api.attach(client).take_reply(request_id=body.get("request_id"), timeout=timeout)
+        rid = body.get("request_id")
 
-        reply = await run_in_threadpool(work)
+        def work() -> tuple[Reply | None, bool]:
+            reply = api.attach(client).take_reply(request_id=rid, timeout=timeout)
+            if reply is not None or rid is None:
+                return reply, False
+            # A retried take whose first response was lost: replay the reply, take nothing.
+            try:
+                record = api.lookup(rid)
+            except RequestNotFound:
+                record = None
+            if record is None or record.client_id != client:
+                raise RequestNotFound(
+                    f"client {client!r} has no request {rid!r} (never submitted, another "
+                    "client's, or past its retention)"
+                )
+            if record.state != "taken":
+                return None, False
+            return (
+                Reply(
+                    request_id=record.id,
+                    queue=record.queue,
+                    request=record.body,
+                    body=record.reply,
+                    error=record.error,
+                    replied_at=float(record.replied_at or 0.0),
+                    taken_at=record.taken_at,
+                ),
+                True,
+            )
+
+        reply, already = await run_in_threadpool(work)
         if reply is None:
             return Response(status_code=204)
-        return JSONResponse(_reply_json(reply))
+        return JSONResponse({**_reply_json(reply), "already_taken": already})
 
     async def confirm(request: HttpRequest) -> Response:
         body = await body_of(request)
