@@ -55,8 +55,25 @@ def applied_versions(store: Store) -> dict[str, int]:
     return {str(c): int(v) for c, v in rows}
 
 
+def _up_to_date(store: Store) -> bool:
+    """A cheap read of the ledger, so that processes starting on a migrated store take no
+    lock and run no DDL. Any doubt (no ledger yet, an error) means "not up to date"."""
+    wanted = {c: len(component_migrations(c)) for c in COMPONENTS}
+    try:
+        with store.transaction(write=False) as tx:
+            rows = tx.query(
+                "SELECT component, MAX(version) FROM homing_migrations GROUP BY component"
+            )
+    except Exception:  # the ledger table does not exist yet, or similar
+        return False
+    have = {str(c): int(v) for c, v in rows}
+    return all(have.get(c, 0) == n for c, n in wanted.items())
+
+
 def apply_migrations(store: Store) -> list[str]:
     """Bring the schema up to date; refuse a schema newer than this code knows."""
+    if _up_to_date(store):
+        return []
     applied: list[str] = []
     with store.transaction() as tx:
         if tx.dialect == "postgres":
