@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import runpy
+from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from homing.cli import cli
@@ -91,3 +94,12 @@ def test_queues_cli_bad_input_is_a_clear_error(store_url: str) -> None:
         assert code != 0, args
         assert expected in out + err, (args, out, err)
         assert "Traceback" not in out + err
+
+
+def test_printer_example_runs(store_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    example = runpy.run_path(str(Path(__file__).parent.parent / "examples" / "engine_printers.py"))
+    example["main"](store_url)
+    out = capsys.readouterr().out
+    assert "publish photo    colour=True  -> dead-lettered" in out
+    assert "bw-1 prints invoice and pays" in out
+    assert "client-1 queue gone: True" in out

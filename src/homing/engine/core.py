@@ -188,11 +188,18 @@ class _Run:
         self.now = engine.db.store.clock.now()
         self.work: deque[tuple[str, Any]] = deque()
         self.fate: dict[int, str] = {}
-        self._selectors: dict[str, list[dict[str, Any]]] = {}
+        self._queues: dict[str, dict[str, Any] | None] = {}
 
     # logging after commit, so a rolled-back discard is not reported
     def _log(self, msg: str, *args: Any) -> None:
         self.tx.call_after_commit(lambda: log.warning(msg, *args))
+
+    def queue(self, name: str) -> dict[str, Any] | None:
+        """A queue's row, cached for this transaction (routing reads the settings, never
+        the counters; ``destroy_queue`` clears the cache)."""
+        if name not in self._queues:
+            self._queues[name] = q.get_queue(self.tx, name)
+        return self._queues[name]
 
     def selectors(self, queue: str) -> list[dict[str, Any]]:
         return q.selectors_of(self.tx, queue)
@@ -205,7 +212,7 @@ class _Run:
         engine's dead-letter queue; over the unprocessed limit with ``reject`` they go to the
         queue's dead-letter queue (there is no publisher to reject to), else are discarded.
         """
-        queue = q.get_queue(self.tx, entry.queue)
+        queue = self.queue(entry.queue)
         if queue is None:
             return self.arrive(
                 _clone(
@@ -321,7 +328,7 @@ class _Run:
             else:
                 self.fate[seq] = "held"
             return
-        queue = q.get_queue(self.tx, row["queue"])
+        queue = self.queue(row["queue"])
         assert queue is not None
         if queue["dead_letter"]:
             self.dead_letter(row, queue["dead_letter"], "no selector matched")
@@ -334,7 +341,7 @@ class _Run:
         kind = sel["dest_kind"]
         if sel["mode"] == "bounce":
             target = row["return_address"]
-            if not target or q.get_queue(self.tx, target) is None:
+            if not target or self.queue(target) is None:
                 self.dead_letter(
                     row,
                     DEAD_LETTERS,
@@ -439,7 +446,7 @@ class _Run:
             seq = int(row["parent_seq"])
 
     def _trim(self, queue: str) -> None:
-        row = q.get_queue(self.tx, queue)
+        row = self.queue(queue)
         keep = row["max_history"] if row is not None else None
         if keep is not None:
             q.trim_history(self.tx, queue, int(keep))
@@ -495,7 +502,7 @@ class _Run:
                 break
             for row in batch:
                 target = row["return_address"]
-                if target and target != name and q.get_queue(self.tx, target) is not None:
+                if target and target != name and self.queue(target) is not None:
                     self.arrive(
                         _from_row(
                             row,
@@ -513,12 +520,13 @@ class _Run:
                     self.dead_letter(row, DEAD_LETTERS, f"queue {name!r} was deleted")
         feeders = q.selectors_targeting(self.tx, name)
         q.delete_queue(self.tx, name)
+        self._queues.clear()  # the queue is gone, and dead-letter links to it too
         for sel in feeders:
             self.remove_selector(sel)
             self.after_selector_removed(sel["queue"])
 
     def after_selector_removed(self, queue: str) -> None:
-        row = q.get_queue(self.tx, queue)
+        row = self.queue(queue)
         if row is None:
             return
         if row["self_destruct"] and not self.selectors(queue):
@@ -574,7 +582,7 @@ class _Run:
             # collapse repeated pumps of one queue
             everything = kind == "pump-all" or ("pump-all", queue) in self.work
             self.work = deque(w for w in self.work if w[1] != queue or w[0] == "route")
-            if q.get_queue(self.tx, queue) is not None:
+            if self.queue(queue) is not None:
                 self.pump(queue, everything=everything)
 
 
@@ -961,7 +969,7 @@ class Engine:
                 hops=0,
                 created_at=run.now,
             )
-            if q.get_queue(run.tx, queue) is None:
+            if run.queue(queue) is None:
                 entry = _clone(entry, queue=DEAD_LETTERS, reason=f"no queue {queue!r}", parent=None)
                 run.tx.call_after_commit(
                     lambda: log.warning(
