@@ -447,3 +447,34 @@ def test_a_sharded_store_runs_each_job_in_its_shard(sharded: homing.ShardedDatab
                 per_shard[f"{shard}:{job_id}"] += 1
     assert per_shard == Counter({h: 1 for h in handles})
     assert {sharded.details(h).state for h in handles + noops} == {"done"}
+
+
+def test_a_stale_lease_in_a_batch_of_outcomes_does_not_sink_the_others(
+    sdb: homing.Database, open_db: Any
+) -> None:
+    """The completer writes outcomes in bulk; one refused completion must not undo the rest."""
+    from homing.worker.runtime import JobContext as Ctx
+    from homing.worker.runtime import _Outcome
+
+    app = App(sdb)
+
+    @app.job("n")
+    def n(job: homing.Job, ctx: JobContext) -> None:
+        pass
+
+    worker = app.worker(db=sdb)  # not started: its completer is driven by hand
+    sdb.insert_many([("n", i) for i in range(3)])
+    jobs = sdb.grab_many("n", lock_for=0.2, limit=3)
+    time.sleep(0.3)
+    stolen = open_db().grab("n", lock_for=30)  # one expired lease is taken over
+    assert stolen is not None
+    contexts = [Ctx(worker, j, app.handler("n")) for j in jobs]
+    for ctx in contexts:
+        ctx.phase = "running"
+        worker._held[ctx.job.id] = ctx
+    worker._inflight = worker._active = 3
+    worker._write([_Outcome(ctx, "complete") for ctx in contexts])
+    assert worker.stats.done == 2 and worker.stats.lease_lost == 1
+    states = {j.handle: sdb.details(j.handle).state for j in jobs}
+    assert states.pop(stolen.handle) == "running" and set(states.values()) == {"done"}
+    assert worker._inflight == 0 and worker._active == 0 and not worker._held

@@ -723,19 +723,16 @@ class Worker:
                 return
 
     def _write(self, items: list[_Outcome]) -> None:
+        """Write a batch of outcomes in one transaction. Completions go in one statement
+        per lease (``complete_many``, all or none); if one of them is refused (a lost
+        lease), the transaction is rolled back and the batch written job by job, so the
+        others still count."""
         items.sort(key=lambda o: o.ctx.job.id)  # one lock order: no deadlocks on PostgreSQL
         try:
-            with self._transaction_for(items[0].ctx.job) as tx:
-                for o in items:
-                    try:
-                        if o.action == "complete":
-                            tx.complete(o.ctx.job)
-                        elif o.action == "temp_fail":
-                            tx.temp_fail(o.ctx.job, o.message, retry_in=o.retry_in)
-                        else:
-                            tx.perm_fail(o.ctx.job, o.message)
-                    except (StaleLease, InvalidState, JobNotFound) as exc:
-                        o.result = exc
+            try:
+                self._write_batch(items, bulk=True)
+            except (StaleLease, InvalidState, JobNotFound):
+                self._write_batch(items, bulk=False)
         except Exception as exc:  # nothing was written; leases will expire
             for o in items:
                 self._done(
@@ -750,6 +747,25 @@ class Worker:
                 self._done(o.ctx, "lease_lost", error=str(o.result))
             else:
                 self._done(o.ctx, o.label, error=o.error, retry_in=o.retry_in)
+
+    def _write_batch(self, items: list[_Outcome], *, bulk: bool) -> None:
+        for o in items:
+            o.result = None
+        with self._transaction_for(items[0].ctx.job) as tx:
+            completions = [o.ctx.job for o in items if o.action == "complete"]
+            if bulk and completions:
+                tx.complete_many(completions)
+            for o in items:
+                try:
+                    if o.action == "complete":
+                        if not bulk:
+                            tx.complete(o.ctx.job)
+                    elif o.action == "temp_fail":
+                        tx.temp_fail(o.ctx.job, o.message, retry_in=o.retry_in)
+                    else:
+                        tx.perm_fail(o.ctx.job, o.message)
+                except (StaleLease, InvalidState, JobNotFound) as exc:
+                    o.result = exc
 
     def _done(self, ctx: JobContext, outcome: str, **extra: Any) -> None:
         with self._slots:
