@@ -51,6 +51,14 @@ class Child:
             self.proc.wait()
             pytest.fail(f"child timed out; log:\n{self.log.read_text()}")
 
+    def reap(self) -> None:
+        """Give a child a few seconds to stop on its own, then kill it."""
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
     def check(self, rc: int) -> int:
         if rc not in (0, KILLED):
             pytest.fail(f"child exited {rc} (faults {self.faults!r}); log:\n{self.log.read_text()}")
@@ -225,28 +233,34 @@ def test_fifty_outstanding_with_random_crashes(
     timeline: list[str] = []
     client = start_client()
     servers = [start_server(), start_server()]
-    deadline = time.monotonic() + 70
-    while True:
-        assert time.monotonic() < deadline, f"no progress (seed {seed}); {crashes}"
-        rc = client.proc.poll()
-        if rc is not None:
-            if client.check(rc) == 0:
-                break
-            crashes["client"] += 1
-            timeline.append(f"{time.monotonic() - t0:.2f} client died ({client.faults})")
-            incarnation += 1
-            client = start_client()
-        for k, server in enumerate(servers):
-            rc = server.proc.poll()
+    try:
+        deadline = time.monotonic() + 70
+        while True:
+            assert time.monotonic() < deadline, f"no progress (seed {seed}); {crashes}"
+            rc = client.proc.poll()
             if rc is not None:
-                server.check(rc)
-                crashes["server"] += 1
-                timeline.append(f"{time.monotonic() - t0:.2f} server died ({server.faults})")
-                servers[k] = start_server()
-        time.sleep(0.02)
-    stop_file.touch()
-    for server in servers:
-        assert server.check(server.wait()) == 0
+                if client.check(rc) == 0:
+                    break
+                crashes["client"] += 1
+                timeline.append(f"{time.monotonic() - t0:.2f} client died ({client.faults})")
+                incarnation += 1
+                client = start_client()
+            for k, server in enumerate(servers):
+                rc = server.proc.poll()
+                if rc is not None:
+                    server.check(rc)
+                    crashes["server"] += 1
+                    timeline.append(f"{time.monotonic() - t0:.2f} server died ({server.faults})")
+                    servers[k] = start_server()
+            time.sleep(0.02)
+        stop_file.touch()
+        for server in servers:
+            assert server.check(server.wait()) == 0
+    finally:  # never leave a child behind, even when the test fails
+        stop_file.touch()
+        for child in (client, *servers):
+            child.reap()
+
     report = check_exactly_once(db, "c1", n_items)
     with db.store.transaction() as tx:
         seen = Counter(str(r[0]) for r in tx.query("SELECT state FROM decisions"))
