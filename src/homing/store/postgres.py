@@ -52,6 +52,7 @@ class _Listener:
         self._channel = channel
         self._cond = threading.Condition()
         self._generation = 0
+        self._seen = threading.local()
         self._stop = False
         self._ready = threading.Event()
         self._thread = threading.Thread(
@@ -76,9 +77,17 @@ class _Listener:
                 time.sleep(0.5)  # the server went away: poll instead, reconnect soon
 
     def wait(self, timeout: float) -> bool:
+        """Wait for a notification. A thread that waits again also wakes at once for one
+        that arrived since its previous wait returned (while it was checking for work), so
+        a loop of "look for work, then wait" never sleeps through an announcement."""
+        seen: int | None = getattr(self._seen, "generation", None)
         with self._cond:
+            if seen is not None and self._generation != seen:
+                self._seen.generation = self._generation
+                return True
             start = self._generation
             self._cond.wait_for(lambda: self._generation != start, timeout=timeout)
+            self._seen.generation = self._generation
             return self._generation != start
 
     def stop(self) -> None:
