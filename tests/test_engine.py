@@ -320,6 +320,22 @@ def test_unprocessed_limit_reject_discard_overflow(
     assert [m.body for m in engine.messages("big", state="ready")] == [1]
 
 
+def test_full_queue_fed_by_a_selector_dead_letters_and_pays(engine: Engine) -> None:
+    """A moved message has no publisher to reject to: it becomes a dead letter, and the
+    selector that moved it is paid at once (an exception ends the credit obligation)."""
+    engine.create_queue("dlq")
+    engine.create_queue("full", max_unprocessed=1, on_overflow="reject", dead_letter="dlq")
+    engine.create_queue("a")
+    engine.bind("a", "to-full", to="full", credits=2)
+    assert engine.publish("a", 1).outcome == "routed"  # held in "full", unpaid
+    assert engine.publish("a", 2).outcome == "routed"  # on to "full", which is full: DLQ
+    assert [m.body for m in engine.dead_letters("dlq")] == [2]
+    assert credits(engine, "a") == {"to-full": (1, 2)}
+    with pytest.raises(QueueFull):
+        engine.publish("full", 3)  # a publisher is rejected
+    assert engine.check() == []
+
+
 def test_history_keeps_the_newest(engine: Engine) -> None:
     engine.create_queue("h", max_history=3)
     engine.bind("h", "c", consumer="c", credits=100)

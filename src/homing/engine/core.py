@@ -214,15 +214,7 @@ class _Run:
         """
         queue = self.queue(entry.queue)
         if queue is None:
-            return self.arrive(
-                _clone(
-                    entry,
-                    queue=DEAD_LETTERS,
-                    reason=f"no queue {entry.queue!r}",
-                    parent=entry.parent_seq,
-                ),
-                external=external,
-            )
+            return self._exception(entry, DEAD_LETTERS, f"no queue {entry.queue!r}", external)
         if entry.hops > MAX_HOPS:
             self._drop(entry, queue["name"], f"it passed through more than {MAX_HOPS} queues")
             return None
@@ -259,20 +251,24 @@ class _Run:
                         "queue %s full: message %s dead-lettered", queue["name"], entry.id
                     )
                 )
-                return self.arrive(
-                    _clone(
-                        entry,
-                        queue=queue["dead_letter"],
-                        reason=f"queue {queue['name']!r} is full",
-                        parent=entry.parent_seq,
-                        hops=entry.hops + 1,
-                    ),
-                    external=False,
+                return self._exception(
+                    entry, queue["dead_letter"], f"queue {queue['name']!r} is full", False
                 )
             self._drop(entry, queue["name"], f"the queue is full ({limit} unprocessed)")
             return None
         seq = q.insert_entry(self.tx, entry)
         self.work.append(("route", seq))
+        return seq
+
+    def _exception(self, entry: q.NewEntry, dlq: str, reason: str, external: bool) -> int | None:
+        """A message that cannot enter its queue goes to ``dlq`` owing no payment; whoever
+        moved it here is paid at once (exceptions end the credit obligations)."""
+        seq = self.arrive(
+            _clone(entry, queue=dlq, reason=reason, parent=None, hops=entry.hops + 1),
+            external=external,
+        )
+        if entry.parent_seq is not None:
+            self.pay(entry.parent_seq)
         return seq
 
     def _drop(self, entry: q.NewEntry, queue: str, why: str) -> None:
