@@ -207,3 +207,27 @@ def test_the_apps_own_url_is_used_unless_db_is_given(tmp_path: Path) -> None:
     for path in (own, other):
         with homing.connect(f"sqlite:///{path}") as db:
             assert [r["done"] for r in db.stats()] == [1]
+
+
+def test_json_logs_have_one_object_per_job(tmp_path: Path) -> None:
+    import json
+
+    url = f"sqlite:///{tmp_path / 'j.db'}"
+    with homing.connect(url) as db:
+        handle = db.insert("noop")
+    result = CliRunner().invoke(
+        cli, ["--db", url, "worker", "--app", f"{APPS}:app", "--until-idle", "--log-format", "json"]
+    )
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in result.output.splitlines() if line.startswith("{")]
+    jobs = [r for r in records if r.get("event") == "job"]
+    assert len(jobs) == 1
+    job = jobs[0]
+    assert (job["type"], job["handle"], job["attempt"], job["outcome"]) == (
+        "noop",
+        handle,
+        1,
+        "done",
+    )
+    assert job["duration_ms"] >= 0 and job["level"] == "info"
+    assert {"worker_started", "worker_stopped"} <= {r.get("event") for r in records}
