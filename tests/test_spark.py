@@ -220,3 +220,38 @@ def test_kill_driver_between_task_writes_and_commit(spark: Any, tmp_path: Path) 
         ) == (400, 400)
     assert {r["type"]: r["done"] for r in db.stats()}["parent"] == 4
     db.close()
+
+
+def test_stream_to_stream_copy_is_exactly_once(
+    spark: Any, db: homing.Database, tmp_path: Path
+) -> None:
+    """readStream -> writeStream: one publication per micro-batch, a restart adds nothing."""
+    db.insert_many([("ev", {"n": i}) for i in range(30)])
+
+    def run() -> None:
+        q = (
+            spark.readStream.format("homing")
+            .option("url", db.url)
+            .option("queue", "ev")
+            .option("maxRowsPerBatch", "12")
+            .load()
+            .selectExpr("id AS src", "'copy' AS type", "args")
+            .writeStream.format("homing")
+            .option("url", db.url)
+            .option("sinkId", "copier")
+            .option("keyColumns", "src")
+            .option("checkpointLocation", str(tmp_path / "ckpt"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        q.awaitTermination()
+
+    run()
+    assert _visible_count(db, "copy") == (30, 0)
+    (tmp_path / "ckpt" / "commits" / "2").unlink()  # batch 2 is replayed after a "crash"
+    (tmp_path / "ckpt" / "commits" / ".2.crc").unlink(missing_ok=True)
+    run()
+    assert _visible_count(db, "copy") == (30, 0)
+    with db.store.transaction() as tx:
+        rows = tx.query("SELECT sink, label FROM homing_spark_commits ORDER BY commit_no")
+    assert len(rows) == 3 and {r[0] for r in rows} == {"copier"}
