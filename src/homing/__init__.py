@@ -18,10 +18,12 @@ from homing.errors import (
 )
 from homing.ids import uuid7
 from homing.jobs import Failure, Holder, Job, JobDetails, JobSpec
+from homing.worker import App, RetryPolicy
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "App",
     "Clock",
     "ConfigurationError",
     "Database",
@@ -39,6 +41,7 @@ __all__ = [
     "NotFound",
     "PayloadTooLarge",
     "PermanentFailure",
+    "RetryPolicy",
     "SchemaError",
     "ShardedDatabase",
     "StaleLease",

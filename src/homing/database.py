@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -414,7 +415,16 @@ class ShardedDatabase:
         return [merged[k] for k in sorted(merged)]
 
     def wait_for_jobs(self, timeout: float) -> bool:
-        return self.shards[0].wait_for_jobs(timeout)
+        """Wake on an announcement from any shard (polled every 10 ms across shards)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if any(s.wait_for_jobs(0) for s in self.shards):
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            if self.shards[0].wait_for_jobs(min(0.01, remaining)):
+                return True
 
     def close(self) -> None:
         for s in self.shards:
