@@ -19,6 +19,8 @@ def test_public_names() -> None:
         "PermanentFailure",
         "ManualClock",
         "uuid7",
+        "App",
+        "RetryPolicy",
     }
     for name in homing.__all__:
         assert hasattr(homing, name), name
