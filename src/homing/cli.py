@@ -249,13 +249,25 @@ def _print_stats(rows: list[dict[str, Any]]) -> None:
     from rich.table import Table
 
     table = Table(
-        "type", "ready", "scheduled", "staged", "running", "done", "failed", "oldest ready", "done/s"
+        "type",
+        "ready",
+        "scheduled",
+        "staged",
+        "running",
+        "expired",
+        "done",
+        "failed",
+        "oldest ready",
+        "done/s",
     )
     for r in rows:
         age = r["oldest_ready_age_s"]
         table.add_row(
             r["type"],
-            *(str(r[k]) for k in ("ready", "scheduled", "staged", "running", "done", "failed")),
+            *(
+                str(r[k])
+                for k in ("ready", "scheduled", "staged", "running", "expired", "done", "failed")
+            ),
             f"{age:.1f}s" if age is not None else "-",
             f"{r['done_per_s']:.1f}",
         )

@@ -392,6 +392,7 @@ class ShardedDatabase:
                         "scheduled": 0,
                         "staged": 0,
                         "running": 0,
+                        "expired": 0,
                         "done": 0,
                         "failed": 0,
                         "done_per_s": 0.0,

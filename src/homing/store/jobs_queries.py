@@ -544,7 +544,9 @@ def gc(tx: Tx, *, finished_before: float) -> int:
 def stats(tx: Tx, *, now: float, window: float) -> list[dict[str, Any]]:
     """Per type: counts by state, oldest due ready job's age, completions in the window.
 
-    ``staged`` counts jobs written into a batch that is not committed yet (invisible).
+    ``staged`` counts jobs written into a batch that is not committed yet (invisible);
+    ``expired`` running jobs whose lease ran out (their worker died or stalls), which the
+    next grab hands out again.
     """
     visible = "(j.batch_id IS NULL OR b.state = 'committed')"
     rows = tx.query(
@@ -552,17 +554,18 @@ def stats(tx: Tx, *, now: float, window: float) -> list[dict[str, Any]]:
         f"SUM(CASE WHEN j.state = 'ready' AND j.run_at <= ? AND {visible} THEN 1 ELSE 0 END), "
         f"SUM(CASE WHEN j.state = 'ready' AND j.run_at > ? AND {visible} THEN 1 ELSE 0 END), "
         f"SUM(CASE WHEN j.state = 'ready' AND NOT {visible} THEN 1 ELSE 0 END), "
-        "SUM(CASE WHEN j.state = 'running' THEN 1 ELSE 0 END), "
+        "SUM(CASE WHEN j.state = 'running' AND j.lease_expires_at > ? THEN 1 ELSE 0 END), "
+        "SUM(CASE WHEN j.state = 'running' AND j.lease_expires_at <= ? THEN 1 ELSE 0 END), "
         "SUM(CASE WHEN j.state = 'done' THEN 1 ELSE 0 END), "
         "SUM(CASE WHEN j.state = 'failed' THEN 1 ELSE 0 END), "
         f"MIN(CASE WHEN j.state = 'ready' AND j.run_at <= ? AND {visible} THEN j.run_at END), "
         "SUM(CASE WHEN j.state = 'done' AND j.finished_at >= ? THEN 1 ELSE 0 END) "
         "FROM homing_jobs j LEFT JOIN homing_job_batches b ON b.batch_id = j.batch_id "
         "GROUP BY j.type ORDER BY j.type",
-        (now, now, now, now - window),
+        (now, now, now, now, now, now - window),
     )
     out = []
-    for type_, ready, scheduled, staged, running, done, failed, oldest, recent in rows:
+    for type_, ready, scheduled, staged, running, expired, done, failed, oldest, recent in rows:
         out.append(
             {
                 "type": type_,
@@ -570,6 +573,7 @@ def stats(tx: Tx, *, now: float, window: float) -> list[dict[str, Any]]:
                 "scheduled": int(scheduled or 0),
                 "staged": int(staged or 0),
                 "running": int(running or 0),
+                "expired": int(expired or 0),
                 "done": int(done or 0),
                 "failed": int(failed or 0),
                 "oldest_ready_age_s": (now - float(oldest)) if oldest is not None else None,
