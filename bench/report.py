@@ -332,8 +332,8 @@ def markdown(doc: dict[str, Any]) -> str:
             lines.append("")
             continue
         refs = [r for r in ("homing-pg", "homing-sqlite") if r in rows]
-        head = "| system | median /s | runs | " + " | ".join(f"{r} / this" for r in refs)
-        lines += [head + " | durability |", "|---" * (4 + len(refs)) + "|"]
+        cols = ["system", "median /s", "runs", *(f"{r} / this" for r in refs), "durability"]
+        lines += ["| " + " | ".join(cols) + " |", "|---" * len(cols) + "|"]
         for system, row in rows.items():
             rate = row["rate"]
             runs = (
@@ -344,11 +344,8 @@ def markdown(doc: dict[str, Any]) -> str:
             for r in refs:
                 ratio, _ = paired_ratio(doc, (name, r), (name, system))
                 cells.append("-" if ratio != ratio or r == system else f"{ratio:.2f}x")
-            lines.append(
-                f"| {system} | {_fmt(rate['median'])} | {runs} | "
-                + " | ".join(cells)
-                + f" | {row['durability']} |"
-            )
+            vals = [system, _fmt(rate["median"]), runs, *cells, row["durability"] or ""]
+            lines.append("| " + " | ".join(vals) + " |")
         lines.append("")
     lines += [
         "Ratios are medians of per-repetition ratios (the two runs of a pair are made in the "

@@ -169,7 +169,9 @@ EXTERNAL_SYSTEMS = [
 
 def run_external(name: str, out: Path, log: Any, timeout: float) -> list[dict[str, Any]]:
     """Run one external script; return cells (system, rate) for the pair it measured."""
-    path = out / f"{name}.json"
+    # A directory of its own: bench/results/<name>.json belongs to the script's owner.
+    path = out / "external" / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.unlink(missing_ok=True)
     cmd = [sys.executable, *EXTERNAL[name], "--out", str(path)]
     started = time.monotonic()
