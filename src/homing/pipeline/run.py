@@ -122,6 +122,7 @@ def spark_session(master: str) -> Any:
         SparkSession.builder.master(master)
         .appName("homing-pipeline")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")  # rich draws the progress
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.driver.memory", "1g")
         .getOrCreate()
