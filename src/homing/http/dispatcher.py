@@ -28,7 +28,7 @@ from homing._failpoints import failpoint
 from homing.database import Database
 from homing.errors import InvalidArgument
 from homing.http import wire
-from homing.http._group import GroupCommit
+from homing.http._group import GroupCommit, write_lock
 from homing.http.policy import DEFAULT_FATAL_STATUSES, RetryPolicy, is_fatal
 from homing.store import http_queries as q
 from homing.store.protocol import Tx
@@ -218,7 +218,7 @@ class Dispatcher:
         """Rows claimed by a dispatcher on this host whose process is gone are due at once
         (no need to wait for the claim lease: a restarted sender resumes immediately)."""
         host = socket.gethostname()
-        with self.db.store.transaction() as tx:
+        with write_lock(self.db.store), self.db.store.transaction() as tx:
             for token in q.live_claims(tx, now=self.db.clock.now()):
                 t_host, _, rest = token.partition(":")
                 pid = rest.split(":", 1)[0]
@@ -227,7 +227,7 @@ class Dispatcher:
 
     def _claim(self, token: str, limit: int) -> list[q.OutboxRow]:
         now = self.db.clock.now()
-        with self.db.store.transaction() as tx:
+        with write_lock(self.db.store), self.db.store.transaction() as tx:
             return q.claim_work(
                 tx, now=now, until=now + self.claim_lease, token=token, limit=min(limit, 64)
             )
@@ -371,7 +371,7 @@ class Dispatcher:
         now = self.db.clock.now()
         at = now + self.retry.delay(row.attempts, retry_after)
         self.stats["retries"] += 1
-        with self.db.store.transaction() as tx:
+        with write_lock(self.db.store), self.db.store.transaction() as tx:
             q.mark_retry(tx, row.id, token, at=min(at, max(row.deadline, now)), error=error)
 
     def _fail_row(
@@ -382,7 +382,7 @@ class Dispatcher:
         answer: tuple[int, str | None, bytes] | None,
     ) -> None:
         status, ctype, body = answer if answer is not None else (None, None, None)
-        with self.db.store.transaction() as tx:
+        with write_lock(self.db.store), self.db.store.transaction() as tx:
             done = q.mark_failed(
                 tx,
                 row.id,
@@ -398,7 +398,7 @@ class Dispatcher:
             notify_changed()
 
     def _confirm_outcome(self, msg_id: str, token: str, ok: bool, error: str) -> None:
-        with self.db.store.transaction() as tx:
+        with write_lock(self.db.store), self.db.store.transaction() as tx:
             if ok:
                 q.confirm_done(tx, msg_id, token)
             else:

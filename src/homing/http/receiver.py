@@ -36,7 +36,7 @@ from homing._failpoints import failpoint
 from homing.database import Database, Transaction
 from homing.errors import InvalidArgument, PermanentFailure
 from homing.http import wire
-from homing.http._group import GroupCommit
+from homing.http._group import GroupCommit, write_lock
 from homing.http.dispatcher import Dispatcher, notify_changed
 from homing.http.errors import UnsafeURL
 from homing.http.policy import DEFAULT_ABSURD_AFTER_S, RetryPolicy
@@ -232,14 +232,10 @@ class Receiver:
         msg_id = request.path_params["msg_id"]
         if not ids.is_uuid(msg_id):
             return _error(400, "the message id in the URL is not a UUID")
-        found = await run_in_threadpool(self._confirm_sync, msg_id)
+        found = await self._group().run(functools.partial(q.confirm_incoming, msg_id=msg_id))
         if not found:
             return _error(404, f"no answered message {msg_id} in this inbox")
         return Response(status_code=204, headers=self._headers())
-
-    def _confirm_sync(self, msg_id: str) -> bool:
-        with self.db.store.transaction() as tx:
-            return q.confirm_incoming(tx, msg_id)
 
     def _route_path(self, request: Request) -> str:
         path = str(request.scope.get("path", ""))
@@ -339,6 +335,9 @@ class Receiver:
         digest = hashlib.sha256(path.encode() + b"\0" + ctype.encode() + b"\0" + body).hexdigest()
         if is_reply:
             return await self._receive_reply(request, msg_id, digest, ctype, body)
+        if mode == "put":
+            store = functools.partial(self._store, msg_id, path, mode, digest, ctype, body, None)
+            return await self._receive_put(request, msg_id, digest, store)
         existing = await self._group().run(
             functools.partial(self._store, msg_id, path, mode, digest, ctype, body, response_url)
         )
@@ -357,10 +356,16 @@ class Receiver:
                 )
         if mode == "send":
             return Response(status_code=204, headers=self._headers())
-        if mode == "job":
-            return Response(status_code=202, headers=self._headers())
-        if existing is not None and existing.state != "received":
-            return self._answer(request, msg_id, self._stored(existing, replayed=True))
+        return Response(status_code=202, headers=self._headers())
+
+    async def _receive_put(
+        self,
+        request: Request,
+        msg_id: str,
+        digest: str,
+        store: Callable[[Tx], q.InboxRow | None],
+    ) -> Response:
+        """Option 1: store and handle in one transaction (a repeat replays the response)."""
         with self._running_lock:
             busy = msg_id in self._running
             if not busy:
@@ -368,7 +373,7 @@ class Receiver:
         if busy:
             return self._in_progress(msg_id)
         try:
-            answer = await run_in_threadpool(self._handle, msg_id, False)
+            answer = await run_in_threadpool(self._handle, msg_id, False, store, digest)
         finally:
             with self._running_lock:
                 self._running.discard(msg_id)
@@ -439,10 +444,32 @@ class Receiver:
             work_at=None if mode == "put" else now,
         )
 
-    def _handle(self, msg_id: str, background: bool) -> _Answer | None:
-        """Run the node's handler for one inbox entry in one transaction; None if busy."""
+    def _handle(
+        self,
+        msg_id: str,
+        background: bool,
+        store: Callable[[Tx], q.InboxRow | None] | None = None,
+        digest: str | None = None,
+    ) -> _Answer | None:
+        """Run the node's handler for one inbox entry in one transaction; None if busy.
+
+        With ``store`` the entry is inserted in that same transaction first (Option 1: one
+        commit stores the request, the handler's writes and the response); a repeat with
+        another body is refused with 422 and changes nothing."""
         try:
-            with self.db.transaction() as t:
+            with write_lock(self.db.store), self.db.transaction() as t:
+                if store is not None:
+                    existing = store(t.tx)
+                    if existing is not None and (
+                        existing.body_hash != digest or existing.mode != "put"
+                    ):
+                        raise _Refused(
+                            422,
+                            f"message {msg_id} was already received with a different body, "
+                            "path or mode; a message id names one message: make a new id "
+                            "for a new message",
+                        )
+                    self.stats["duplicates" if existing else "received"] += 1
                 ok, row = q.lock_incoming(t.tx, msg_id)
                 if not ok:
                     return None
@@ -460,11 +487,22 @@ class Receiver:
                 self._finish(t.tx, row, "done", 200, ctype, data, None)
             self.stats["handled"] += 1
             return _Answer(200, ctype, data, False, True)
+        except _Refused:
+            raise
         except PermanentFailure as exc:
+            self._keep(store)
             return self._give_up(msg_id, f"the handler refused the message: {exc}")
         except Exception as exc:
             log.warning("handler for message %s failed: %s", msg_id, exc, exc_info=True)
+            self._keep(store)
             return self._later(msg_id, background, f"{type(exc).__name__}: {exc}")
+
+    def _keep(self, store: Callable[[Tx], q.InboxRow | None] | None) -> None:
+        """The handler's transaction rolled back: store the request on its own so that the
+        failure is recorded against it (the insert is idempotent)."""
+        if store is not None:
+            with write_lock(self.db.store), self.db.store.transaction() as tx:
+                store(tx)
 
     def _finish(
         self,
@@ -512,7 +550,7 @@ class Receiver:
 
     def _give_up(self, msg_id: str, error: str) -> _Answer:
         data = json.dumps({"error": error}).encode()
-        with self.db.store.transaction() as tx:
+        with write_lock(self.db.store), self.db.store.transaction() as tx:
             row = q.incoming(tx, msg_id)
             if row is None or row.state != "received":
                 return _Answer(404, wire.JSON_TYPE, b'{"error": "unknown message"}')
@@ -520,7 +558,7 @@ class Receiver:
         return _Answer(501, wire.JSON_TYPE, data, False, True)
 
     def _later(self, msg_id: str, background: bool, error: str) -> _Answer:
-        with self.db.store.transaction() as tx:
+        with write_lock(self.db.store), self.db.store.transaction() as tx:
             row = q.incoming(tx, msg_id)
             attempts = row.attempts + 1 if row is not None else 1
         if attempts >= self.max_handler_attempts:
@@ -528,7 +566,7 @@ class Receiver:
         at = None
         if background:
             at = self.db.clock.now() + self.handler_retry.delay(attempts)
-        with self.db.store.transaction() as tx:
+        with write_lock(self.db.store), self.db.store.transaction() as tx:
             q.retry_incoming(tx, msg_id, at=at, error=error)
         data = json.dumps({"error": f"the handler failed, retry later: {error}"}).encode()
         return _Answer(503, wire.JSON_TYPE, data)
@@ -574,7 +612,7 @@ class Receiver:
         body: bytes,
         now: float,
     ) -> str:
-        with self.db.store.transaction() as tx:
+        with write_lock(self.db.store), self.db.store.transaction() as tx:
             existing = q.insert_incoming(
                 tx,
                 msg_id=msg_id,
@@ -657,5 +695,5 @@ class _UnknownJob(Exception):
 def gc(db: Database, *, older_than: float) -> tuple[int, int]:
     """Forget delivered outbox rows and handled inbox ids older than ``older_than`` seconds.
     Returns (outbox rows, inbox rows) deleted. Run it with the inbox retention period."""
-    with db.store.transaction() as tx:
+    with write_lock(db.store), db.store.transaction() as tx:
         return q.gc(tx, before=db.clock.now() - older_than)

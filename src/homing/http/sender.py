@@ -20,6 +20,7 @@ from homing._failpoints import failpoint
 from homing.database import Database, Transaction
 from homing.errors import InvalidArgument, NotFound, PayloadTooLarge
 from homing.http import wire
+from homing.http._group import write_lock
 from homing.http.dispatcher import DEADLINE_PREFIX, Dispatcher, changed
 from homing.http.errors import DeadlineExceeded, MessageFailed
 from homing.http.policy import DEFAULT_ABSURD_AFTER_S, DEFAULT_FATAL_STATUSES, RetryPolicy
@@ -179,7 +180,7 @@ class Sender:
             self._insert(raw, msg)
             raw.call_after_commit(lambda: failpoint("http.sender.after_outbox_insert"))
         else:
-            with self.db.store.transaction() as own:
+            with write_lock(self.db.store), self.db.store.transaction() as own:
                 self._insert(own, msg)
             failpoint("http.sender.after_outbox_insert")
         return Pending(msg.id, kind, self)
@@ -260,7 +261,7 @@ class Sender:
                 body=row.resp_body,
             )
         if row.state == "accepted" and self.db.clock.now() > row.deadline:
-            with self.db.store.transaction() as wtx:
+            with write_lock(self.db.store), self.db.store.transaction() as wtx:
                 q.mark_failed(
                     wtx,
                     msg_id,

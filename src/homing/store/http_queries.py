@@ -414,7 +414,7 @@ def retry_incoming(tx: Tx, msg_id: str, *, at: float | None, error: str) -> None
     )
 
 
-def confirm_incoming(tx: Tx, msg_id: str) -> bool:
+def confirm_incoming(tx: Tx, *, msg_id: str) -> bool:
     """The sender has the response: drop it (the id stays to recognise late repeats)."""
     return (
         tx.rowcount(
