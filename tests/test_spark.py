@@ -219,6 +219,21 @@ def test_kill_driver_between_task_writes_and_commit(spark: Any, tmp_path: Path) 
             "SELECT COUNT(*), COUNT(DISTINCT id) FROM homing_jobs WHERE type = 'child'"
         ) == (400, 400)
     assert {r["type"]: r["done"] for r in db.stats()}["parent"] == 4
+    # the published children stream in commit order, within maxRowsPerBatch, once each
+    q = (
+        spark.readStream.format("homing")
+        .option("url", url)
+        .option("queue", "child")
+        .option("maxRowsPerBatch", "150")
+        .load()
+        .writeStream.format("memory")
+        .queryName("children_stream")
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination()
+    assert [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]] == [150, 150, 100]
+    assert spark.sql("SELECT COUNT(DISTINCT id) FROM children_stream").first()[0] == 400
     db.close()
 
 

@@ -248,7 +248,15 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 for commit_no, staged in sq.published_batches(tx, max(1, s_b[0]), e_b[0]):
                     lo = s_b[1] if commit_no == s_b[0] else 0
                     hi = e_b[1] if commit_no == e_b[0] else sq.BIG
-                    parts.append(StagedPartition(staged, lo, hi))
+                    n, first, last = sq.staged_seq_range(tx, self.queue, staged, lo, hi)
+                    if not n:
+                        continue
+                    # split a large batch (a million children) by seq like the plain range
+                    k = max(1, min(self.partitions_n, -(-n // 50_000), last - first + 1))
+                    step = -(-(last - first + 1) // k)
+                    for i in range(k):
+                        a = first - 1 + i * step
+                        parts.append(StagedPartition(staged, a, min(last, a + step)))
         return parts
 
     def read(self, partition: InputPartition) -> Iterator[Any]:

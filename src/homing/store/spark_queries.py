@@ -199,6 +199,20 @@ def published_batches(tx: Tx, bno_lo: int, bno_hi: int) -> list[tuple[int, str]]
     ]
 
 
+def staged_seq_range(
+    tx: Tx, queue: str, staged_batch: str, seq_lo: int, seq_hi: int
+) -> tuple[int, int, int]:
+    """(count, min seq, max seq) of one published batch's rows in ``(seq_lo, seq_hi]``."""
+    row = tx.query_one(
+        "SELECT COUNT(*), MIN(seq), MAX(seq) FROM homing_jobs WHERE staged_in = ? AND type = ? "
+        "AND seq > ? AND seq <= ?",
+        (staged_batch, queue, seq_lo, seq_hi),
+    )
+    if row is None or not row[0]:
+        return 0, 0, 0
+    return int(row[0]), int(row[1]), int(row[2])
+
+
 def read_staged(
     tx: Tx, queue: str, staged_batch: str, seq_lo: int, seq_hi: int
 ) -> list[tuple[Any, ...]]:
