@@ -139,6 +139,7 @@ def main() -> None:
     parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite")
     parser.add_argument("--n", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--only", default="send,put", help="Which of send,put to run.")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "http.json"))
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="homing-bench-http-"))

@@ -38,13 +38,43 @@ T = TypeVar("T")
 
 DEADLINE_PREFIX = "the absurd deadline passed"
 
-#: Wakes every waiter in this process when a dispatcher or reply node records an outcome.
-changed = threading.Condition()
+
+class _Waiters:
+    """Callbacks of callers waiting for one message's outcome in this process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_id: dict[str, list[Callable[[], None]]] = {}
+
+    def add(self, msg_id: str, fn: Callable[[], None]) -> None:
+        with self._lock:
+            self._by_id.setdefault(msg_id, []).append(fn)
+
+    def remove(self, msg_id: str, fn: Callable[[], None]) -> None:
+        with self._lock:
+            fns = self._by_id.get(msg_id, [])
+            if fn in fns:
+                fns.remove(fn)
+            if not fns:
+                self._by_id.pop(msg_id, None)
+
+    def fire(self, msg_id: str) -> None:
+        with self._lock:
+            fns = list(self._by_id.get(msg_id, ()))
+        for fn in fns:
+            try:
+                fn()
+            except RuntimeError:  # the waiter's event loop closed meanwhile
+                pass
 
 
-def notify_changed() -> None:
-    with changed:
-        changed.notify_all()
+#: Wakes the waiters of a message when a dispatcher or reply node in this process records
+#: its outcome; waiters also poll the store, for outcomes recorded by other processes.
+waiters = _Waiters()
+
+
+def notify_changed(msg_id: str) -> None:
+    waiters.fire(msg_id)
 
 
 def _origin(url: str) -> str:
@@ -308,7 +338,7 @@ class Dispatcher:
             failpoint("http.sender.after_tombstone_before_delete")
             if stored:
                 self.stats["delivered"] += 1
-                notify_changed()
+                notify_changed(row.id)
                 if confirm:
                     await self._confirm(client, row.id, confirm, token)
             return
@@ -395,7 +425,7 @@ class Dispatcher:
             )
         if done:
             self.stats["failed"] += 1
-            notify_changed()
+            notify_changed(row.id)
 
     def _confirm_outcome(self, msg_id: str, token: str, ok: bool, error: str) -> None:
         with write_lock(self.db.store), self.db.store.transaction() as tx:

@@ -590,7 +590,7 @@ class Receiver:
             raise _Refused(404, f"no job {job_id} in this sender's outbox")
         if outcome == "new":
             failpoint("http.receiver.after_inbox_insert")
-            notify_changed()
+            notify_changed(job_id)
         return Response(status_code=204, headers=self._headers())
 
     def _store_reply(

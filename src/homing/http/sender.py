@@ -10,6 +10,7 @@ the request commits with the caller's writes (transactional outbox) and the call
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -21,13 +22,15 @@ from homing.database import Database, Transaction
 from homing.errors import InvalidArgument, NotFound, PayloadTooLarge
 from homing.http import wire
 from homing.http._group import write_lock
-from homing.http.dispatcher import DEADLINE_PREFIX, Dispatcher, changed
+from homing.http.dispatcher import DEADLINE_PREFIX, Dispatcher, waiters
 from homing.http.errors import DeadlineExceeded, MessageFailed
 from homing.http.policy import DEFAULT_ABSURD_AFTER_S, DEFAULT_FATAL_STATUSES, RetryPolicy
 from homing.store import http_queries as q
 from homing.store.protocol import Tx
 
 DEFAULT_MAX_BODY = 1024 * 1024
+#: How often a waiter looks at the store when no local dispatcher or reply node wakes it.
+POLL_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -278,33 +281,51 @@ class Sender:
         """Block until the message is delivered (its result) or fails (raises).
         ``timeout`` only bounds this wait; the message stays in the outbox."""
         end = None if timeout is None else time.monotonic() + timeout
-        while True:
-            done, result = self.poll(msg_id)
-            if done:
-                return result
-            left = 0.2 if end is None else min(0.2, end - time.monotonic())
-            if left <= 0:
-                raise TimeoutError(
-                    f"message {msg_id} is not delivered yet after {timeout}s; it stays in the "
-                    "outbox and is still retried: wait again with Sender.wait(id)"
-                )
-            with changed:
-                changed.wait(left)
+        event = threading.Event()
+        waiters.add(msg_id, event.set)  # before the first poll: no outcome is missed
+        try:
+            while True:
+                done, result = self.poll(msg_id)
+                if done:
+                    return result
+                left = POLL_S if end is None else min(POLL_S, end - time.monotonic())
+                if left <= 0:
+                    raise TimeoutError(
+                        f"message {msg_id} is not delivered yet after {timeout}s; it stays in "
+                        "the outbox and is still retried: wait again with Sender.wait(id)"
+                    )
+                event.wait(left)
+                event.clear()
+        finally:
+            waiters.remove(msg_id, event.set)
 
     async def wait_async(self, msg_id: str, *, timeout: float | None = None) -> Any:
         end = None if timeout is None else time.monotonic() + timeout
-        pause = 0.002
-        while True:
-            done, result = await asyncio.to_thread(self.poll, msg_id)
-            if done:
-                return result
-            if end is not None and time.monotonic() >= end:
-                raise TimeoutError(
-                    f"message {msg_id} is not delivered yet after {timeout}s; it stays in the "
-                    "outbox and is still retried"
-                )
-            await asyncio.sleep(pause)
-            pause = min(0.1, pause * 2)
+        loop = asyncio.get_running_loop()
+        event = asyncio.Event()
+
+        def wake() -> None:
+            loop.call_soon_threadsafe(event.set)
+
+        waiters.add(msg_id, wake)
+        try:
+            while True:
+                done, result = await asyncio.to_thread(self.poll, msg_id)
+                if done:
+                    return result
+                left = POLL_S if end is None else min(POLL_S, end - time.monotonic())
+                if left <= 0:
+                    raise TimeoutError(
+                        f"message {msg_id} is not delivered yet after {timeout}s; it stays in "
+                        "the outbox and is still retried"
+                    )
+                try:
+                    await asyncio.wait_for(event.wait(), left)
+                except TimeoutError:
+                    pass
+                event.clear()
+        finally:
+            waiters.remove(msg_id, wake)
 
 
 class AsyncSender:
