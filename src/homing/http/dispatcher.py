@@ -367,7 +367,8 @@ class Dispatcher:
         except httpx.HTTPError as exc:
             ok, error = False, f"DELETE {url}: {type(exc).__name__}: {exc}"
         self.stats["deletes"] += 1
-        await self._db(self._confirm_outcome, msg_id, token, ok, error)
+        assert self._group is not None
+        await self._group.run(functools.partial(self._confirm_outcome, msg_id, token, ok, error))
 
     # -- outcomes (each one transaction) ---------------------------------------------------
     def _tombstone(
@@ -427,15 +428,14 @@ class Dispatcher:
             self.stats["failed"] += 1
             notify_changed(row.id)
 
-    def _confirm_outcome(self, msg_id: str, token: str, ok: bool, error: str) -> None:
-        with write_lock(self.db.store), self.db.store.transaction() as tx:
-            if ok:
-                q.confirm_done(tx, msg_id, token)
-            else:
-                row = q.outgoing(tx, msg_id)
-                now = self.db.clock.now()
-                if row is None or now > row.deadline:  # give up: the DELETE is only an ack
-                    q.confirm_done(tx, msg_id, token)
-                    return
-                at = now + self.retry.delay(row.attempts)
-                q.confirm_retry(tx, msg_id, token, at=at, error=error)
+    def _confirm_outcome(self, msg_id: str, token: str, ok: bool, error: str, tx: Tx) -> None:
+        if ok:
+            q.confirm_done(tx, msg_id, token)
+            return
+        row = q.outgoing(tx, msg_id)
+        now = self.db.clock.now()
+        if row is None or now > row.deadline:  # give up: the DELETE is only an ack
+            q.confirm_done(tx, msg_id, token)
+            return
+        at = now + self.retry.delay(row.attempts)
+        q.confirm_retry(tx, msg_id, token, at=at, error=error)

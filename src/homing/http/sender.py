@@ -10,8 +10,10 @@ the request commits with the caller's writes (transactional outbox) and the call
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +23,7 @@ from homing._failpoints import failpoint
 from homing.database import Database, Transaction
 from homing.errors import InvalidArgument, NotFound, PayloadTooLarge
 from homing.http import wire
-from homing.http._group import write_lock
+from homing.http._group import GroupCommit, write_lock
 from homing.http.dispatcher import DEADLINE_PREFIX, Dispatcher, waiters
 from homing.http.errors import DeadlineExceeded, MessageFailed
 from homing.http.policy import DEFAULT_ABSURD_AFTER_S, DEFAULT_FATAL_STATUSES, RetryPolicy
@@ -180,11 +182,11 @@ class Sender:
         msg = self._new(kind, url, body, local_url, content_type)
         raw = tx.tx if isinstance(tx, Transaction) else tx
         if raw is not None:
-            self._insert(raw, msg)
+            self._insert(raw, msg=msg)
             raw.call_after_commit(lambda: failpoint("http.sender.after_outbox_insert"))
         else:
             with write_lock(self.db.store), self.db.store.transaction() as own:
-                self._insert(own, msg)
+                self._insert(own, msg=msg)
             failpoint("http.sender.after_outbox_insert")
         return Pending(msg.id, kind, self)
 
@@ -213,7 +215,7 @@ class Sender:
             created_at=now,
         )
 
-    def _insert(self, tx: Tx, msg: q.NewOutgoing) -> None:
+    def _insert(self, tx: Tx, *, msg: q.NewOutgoing) -> None:
         q.insert_outgoing(tx, [msg])
         if self.dispatcher is not None:
             tx.call_after_commit(self.dispatcher.wake)
@@ -333,6 +335,9 @@ class AsyncSender:
 
     def __init__(self, db: Database, **options: Any) -> None:
         self.sync = Sender(db, **options)
+        self._groups: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, GroupCommit] = (
+            weakref.WeakKeyDictionary()
+        )
 
     async def put(self, url: str, body: Any, **kw: Any) -> Any:
         return await self._call("put", url, body, None, **kw)
@@ -359,10 +364,20 @@ class AsyncSender:
             return self.sync.enqueue(
                 kind, url, body, local_url=local_url, content_type=content_type, tx=tx
             )
-        pending = await asyncio.to_thread(
-            self.sync.enqueue, kind, url, body, local_url=local_url, content_type=content_type
-        )
-        return await self.sync.wait_async(pending.id, timeout=timeout)
+        if kind not in ("put", "send", "job"):
+            raise InvalidArgument(f"kind must be put, send or job, got {kind!r}")
+        msg = self.sync._new(kind, url, body, local_url, content_type)
+        # concurrent calls share one commit; each returns only after its message is durable
+        await self._group().run(functools.partial(self.sync._insert, msg=msg))
+        failpoint("http.sender.after_outbox_insert")
+        return await self.sync.wait_async(msg.id, timeout=timeout)
+
+    def _group(self) -> GroupCommit:
+        loop = asyncio.get_running_loop()
+        group = self._groups.get(loop)
+        if group is None:
+            group = self._groups[loop] = GroupCommit(self.sync.db.store, asyncio.to_thread)
+        return group
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self.sync.close)
