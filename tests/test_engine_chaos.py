@@ -49,13 +49,15 @@ CHILD = textwrap.dedent(
                 log.flush()
                 os.fsync(log.fileno())
     else:
-        idle_since = time.monotonic()
-        while time.monotonic() - idle_since < float(mode.split(":")[1]):
+        # Wait up to 30 s for the first message (the producer may start slowly on a loaded
+        # machine), then stop after the given idle time.
+        idle_since, idle_limit = time.monotonic(), 30.0
+        while time.monotonic() - idle_since < idle_limit:
             got = engine.take("c", limit=2, lease_for=0.5)
             if not got:
                 time.sleep(0.05)
                 continue
-            idle_since = time.monotonic()
+            idle_since, idle_limit = time.monotonic(), float(mode.split(":")[1])
             for d in got:
                 with db.transaction() as t:
                     t.tx.execute("INSERT INTO effects (id) VALUES (?)", (d.id,))
