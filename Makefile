@@ -18,7 +18,6 @@ install: $(STAMP)
 
 run: $(STAMP)
 	@command -v java >/dev/null 2>&1 || [ -n "$$JAVA_HOME" ] || { echo "make run: Spark needs Java 17. Install it: sudo apt-get install -y openjdk-17-jre-headless (Debian/Ubuntu), brew install openjdk@17 (macOS), sudo dnf install java-17-openjdk-headless (Fedora); or set JAVA_HOME" >&2; exit 1; }
-	@$(PY) -c "import aiosmtpd" 2>/dev/null || $(PY) -m pip install --quiet aiosmtpd
 	$(PY) -m homing --db $${HOMING_DB:-sqlite:///homing-pipeline.db} pipeline run --master '$(or $(MASTER),local[*])' $(RUN_ARGS)
 
 lint: $(STAMP)
@@ -33,7 +32,9 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
 
 bench: $(STAMP)
+	@test -f /usr/share/java/postgresql.jar || { command -v apt-get >/dev/null && apt-get install -y -q libpostgresql-jdbc-java >/dev/null 2>&1; } || echo "bench: no PostgreSQL JDBC jar (apt-get install libpostgresql-jdbc-java); bench/spark.py skips the JDBC comparison"
 	$(PY) -m bench
+	$(PY) bench/spark.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
