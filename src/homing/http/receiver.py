@@ -327,7 +327,8 @@ class Receiver:
             if not response_url:
                 raise _Refused(400, "Homing-Mode job needs a Homing-Response-Url header")
             try:
-                wire.check_url(response_url, self.allowed_hosts)
+                # may resolve DNS: keep it off the event loop
+                await run_in_threadpool(wire.check_url, response_url, self.allowed_hosts)
             except UnsafeURL as exc:
                 raise _Refused(422, str(exc)) from exc
         elif response_url:
