@@ -53,6 +53,7 @@ class SQLiteStore:
         self._all: list[sqlite3.Connection] = []
         self._all_lock = threading.Lock()
         self._closed = False
+        self._write_lock = threading.Lock()
         parent = self.path.parent
         if str(parent) and not parent.exists():
             raise ConfigurationError(
@@ -100,19 +101,32 @@ class SQLiteStore:
             yield current
             return
         conn = self._connection()
+        # SQLite has one writer. Threads of this process queue on a lock instead of
+        # SQLite's busy handler, which sleeps up to 100 ms a try under contention.
+        if write and not self._write_lock.acquire(timeout=BUSY_TIMEOUT_MS / 1000):
+            raise StoreUnavailable(
+                f"no write transaction on {self.path} within {BUSY_TIMEOUT_MS / 1000:g}s: another "
+                "thread of this process holds one (a transaction left open, or a deadlock)"
+            )
         try:
-            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-        except sqlite3.OperationalError as exc:
-            raise StoreUnavailable(f"could not begin a transaction on {self.path}: {exc}") from exc
-        tx = Tx(conn, "sqlite", self)
-        try:
-            with self._slot.bind(tx):
-                yield tx
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-        self._commit(conn)
+            try:
+                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            except sqlite3.OperationalError as exc:
+                raise StoreUnavailable(
+                    f"could not begin a transaction on {self.path}: {exc}"
+                ) from exc
+            tx = Tx(conn, "sqlite", self)
+            try:
+                with self._slot.bind(tx):
+                    yield tx
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            self._commit(conn)
+        finally:
+            if write:
+                self._write_lock.release()
         run_after_commit(tx)
 
     def _commit(self, conn: sqlite3.Connection) -> None:
