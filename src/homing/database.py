@@ -35,6 +35,10 @@ class _JobAPI:
     def _tx(self) -> AbstractContextManager[Tx]:
         raise NotImplementedError
 
+    def _stmt(self) -> AbstractContextManager[Tx]:
+        """For operations that are one statement: no BEGIN/COMMIT round trips where it helps."""
+        return self._tx()
+
     def insert(
         self,
         type: str,
@@ -46,13 +50,13 @@ class _JobAPI:
     ) -> str:
         """Store a job; return its handle. A repeated ``unique_key`` returns the first job's handle."""
         jobs = self._ops.new_jobs([JobSpec(type, args, priority, run_at, unique_key)])
-        with self._tx() as tx:
+        with self._stmt() as tx:
             return self._ops.insert(tx, jobs)[0]
 
     def insert_many(self, jobs: Iterable[JobSpec | tuple[str, Any]]) -> list[str]:
-        """Store many jobs in one transaction; handles in input order."""
+        """Store many jobs atomically (one statement on PostgreSQL); handles in input order."""
         new = self._ops.new_jobs(jobs)
-        with self._tx() as tx:
+        with self._stmt() as tx:
             return self._ops.insert(tx, new)
 
     def grab(
@@ -76,15 +80,15 @@ class _JobAPI:
         where: Mapping[str, Any] | None = None,
         worker_id: str | None = None,
     ) -> list[Job]:
-        """Lease up to ``limit`` jobs in one transaction (one lease token for the batch)."""
-        with self._tx() as tx:
+        """Lease up to ``limit`` jobs atomically (one lease token for the batch)."""
+        with self._stmt() as tx:
             return self._ops.grab(
                 tx, types, lock_for=lock_for, where=where, limit=limit, worker_id=worker_id
             )
 
     def complete(self, job: Job | str, *, lease_token: str | None = None) -> None:
         """Mark the job done. Raises ``StaleLease`` if another holder has it now."""
-        with self._tx() as tx:
+        with self._stmt() as tx:
             self._ops.complete(tx, job, lease_token)
 
     def complete_many(self, jobs: Iterable[Job]) -> None:
@@ -111,7 +115,7 @@ class _JobAPI:
 
     def extend(self, job: Job | str, lock_for: float, *, lease_token: str | None = None) -> float:
         """Extend the lease to ``lock_for`` seconds from now; returns the new expiry."""
-        with self._tx() as tx:
+        with self._stmt() as tx:
             return self._ops.extend(tx, job, lock_for, lease_token)
 
     def release(
@@ -185,6 +189,9 @@ class Database(_JobAPI):
 
     def _tx(self) -> AbstractContextManager[Tx]:
         return self.store.transaction()
+
+    def _stmt(self) -> AbstractContextManager[Tx]:
+        return self.store.statement()
 
     @contextmanager
     def transaction(self) -> Iterator[Transaction]:

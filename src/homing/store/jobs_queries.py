@@ -63,13 +63,15 @@ def insert_jobs(tx: Tx, jobs: Sequence[NewJob]) -> list[str]:
     if tx.dialect == "postgres":
         # One statement for the whole batch: arrays unnested server-side.
         tx.execute(
-            "INSERT INTO homing_jobs (id, type, args, priority, state, run_at, available_at, "
-            "unique_key, parent_id, created_at) "
+            "WITH ins AS (INSERT INTO homing_jobs (id, type, args, priority, state, run_at, "
+            "available_at, unique_key, parent_id, created_at) "
             "SELECT id, type, args::jsonb, priority, 'ready', run_at, run_at, unique_key, "
             "parent_id, created_at FROM unnest(?::text[], ?::text[], ?::text[], ?::int[], "
             "?::float8[], ?::text[], ?::text[], ?::float8[]) "
             "AS t(id, type, args, priority, run_at, unique_key, parent_id, created_at) "
-            "ON CONFLICT DO NOTHING",
+            "ON CONFLICT DO NOTHING RETURNING 1) "
+            # the wake-up rides in the same statement, only when something was inserted
+            "SELECT pg_notify(?, '') WHERE EXISTS (SELECT 1 FROM ins)",
             (
                 [j.id for j in jobs],
                 [j.type for j in jobs],
@@ -79,6 +81,7 @@ def insert_jobs(tx: Tx, jobs: Sequence[NewJob]) -> list[str]:
                 [j.unique_key for j in jobs],
                 [j.parent_id for j in jobs],
                 [j.created_at for j in jobs],
+                notify_channel(tx),
             ),
         )
     else:
@@ -118,8 +121,6 @@ def insert_jobs(tx: Tx, jobs: Sequence[NewJob]) -> list[str]:
                 )
             owner.update({str(k): str(i) for k, i in rows})
         ids = [owner.get(j.unique_key, j.id) if j.unique_key else j.id for j in jobs]
-    if tx.dialect == "postgres":
-        tx.execute("SELECT pg_notify(?, '')", (notify_channel(tx),))
     return ids
 
 
@@ -314,13 +315,21 @@ def grab_jobs(
             "(SELECT batch_id FROM homing_job_batches WHERE state = 'committed') "
             f"AND type = ANY(?) AND state = 'ready' AND available_at <= ?{where_sql} "
             "ORDER BY priority DESC, seq LIMIT ? FOR UPDATE SKIP LOCKED), "
-            "cand AS (SELECT * FROM (SELECT * FROM plain UNION ALL SELECT * FROM staged) u LIMIT ?) "
-            f"UPDATE homing_jobs j SET {set_lease.replace('attempts + 1', 'j.attempts + 1')} "
+            "cand AS (SELECT * FROM (SELECT * FROM plain UNION ALL SELECT * FROM staged) u LIMIT ?), "
+            f"upd AS (UPDATE homing_jobs j SET {set_lease.replace('attempts + 1', 'j.attempts + 1')} "
             f"FROM cand WHERE j.seq = cand.seq RETURNING {_J_COLS}, "
-            "cand.state, cand.holder_host, cand.holder_pid, cand.holder_worker, cand.lease_expires_at"
+            "cand.state AS old_state, cand.holder_host AS old_host, cand.holder_pid AS old_pid, "
+            "cand.holder_worker AS old_worker, cand.lease_expires_at AS old_exp), "
+            # a takeover of an expired lease is recorded in the same statement
+            "hist AS (INSERT INTO homing_job_failures "
+            "(job_id, attempt, at, kind, host, pid, worker, message) "
+            "SELECT id, attempts - 1, ?, 'lease_expired', old_host, old_pid, old_worker, "
+            "'lease expired at ' || round(old_exp::numeric, 3)::text "
+            "|| ' without completion; handed out again' FROM upd WHERE old_state = 'running') "
+            "SELECT * FROM upd"
         )
         pick = [list(types), now, *where_params, limit]
-        rows = tx.query(sql, [*pick, limit, *pick, limit, *lease_params])
+        rows = tx.query(sql, [*pick, limit, *pick, limit, *lease_params, now])
     else:
         # One ordered index scan per type, merged here (an IN list would sort them all).
         found = []
@@ -355,7 +364,7 @@ def grab_jobs(
     for values in rows:
         job = _row(tx, values[:n])
         old_state, old_host, old_pid, old_worker, old_exp = values[n:]
-        if old_state == "running":
+        if old_state == "running" and tx.dialect == "sqlite":  # PostgreSQL: done in the CTE
             add_failure(
                 tx,
                 job["id"],

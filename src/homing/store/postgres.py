@@ -173,6 +173,25 @@ class PostgresStore:
             ) from exc
         run_after_commit(tx)
 
+    @contextmanager
+    def statement(self) -> Iterator[Tx]:
+        """A connection in autocommit mode for work that is one statement (or a few that need
+        no atomicity together): each statement commits by itself, saving the BEGIN and
+        COMMIT round trips. Joins the transaction open in this thread or task, if any."""
+        current = self._slot.get()
+        if current is not None:
+            yield current
+            return
+        try:
+            with self.pool.connection(timeout=60) as conn:
+                tx = Tx(conn, "postgres", self)
+                with self._slot.bind(tx):
+                    yield tx
+        except PoolTimeout as exc:
+            raise StoreUnavailable(
+                f"no PostgreSQL connection free within 60s ({_redact(self.conninfo)})"
+            ) from exc
+
     def migrate(self) -> list[str]:
         from homing.store.migrations import apply_migrations
 

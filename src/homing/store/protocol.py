@@ -81,6 +81,11 @@ class Store(Protocol):
         """Open a transaction, or join the one this thread/task already has open."""
         ...
 
+    def statement(self) -> AbstractContextManager[Tx]:
+        """For single-statement work: autocommit where that saves round trips (PostgreSQL),
+        else a transaction. Joins the open transaction, if any."""
+        ...
+
     def in_transaction(self) -> Tx | None:
         """The transaction open in the current thread or task, if any."""
         ...

@@ -7,7 +7,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 from homing.clock import Clock, SystemClock
@@ -128,6 +128,10 @@ class SQLiteStore:
             if write:
                 self._write_lock.release()
         run_after_commit(tx)
+
+    def statement(self) -> AbstractContextManager[Tx]:
+        """SQLite runs in process: a statement is an ordinary write transaction."""
+        return self.transaction()
 
     def _commit(self, conn: sqlite3.Connection) -> None:
         # COMMIT can meet SQLITE_BUSY when a reader holds the WAL; retry within the timeout.
