@@ -473,3 +473,12 @@ def test_complete_many_is_all_or_none(db: homing.Database, clock: ManualClock) -
     assert all(db.details(j.handle).state == "running" for j in batch)  # nothing completed
     db.complete_many([j for j in batch if j.handle != thief.handle] + [thief])
     assert all(db.details(j.handle).state == "done" for j in batch)
+
+
+def test_grab_many_beyond_sqlite_variable_limit(db: homing.Database) -> None:
+    for _ in range(4):
+        db.insert_many([("bulk", None)] * 10_000)
+    jobs = db.grab_many("bulk", lock_for=60, limit=40_000)
+    assert len(jobs) == 40_000 and len({j.handle for j in jobs}) == 40_000
+    db.complete_many(jobs)
+    assert {r["type"]: r for r in db.stats()}["bulk"]["done"] == 40_000

@@ -352,7 +352,11 @@ class JobOps:
         now = self.store.clock.now()
         for token, group in by_token.items():
             ids_ = list(dict.fromkeys(self.id_of(j.handle) for j in group))
-            if q.finish_many(tx, ids_, token, now=now) != len(ids_):
+            changed = sum(  # chunks: SQLite caps the number of bound variables
+                q.finish_many(tx, ids_[i : i + 500], token, now=now)
+                for i in range(0, len(ids_), 500)
+            )
+            if changed != len(ids_):
                 for job in group:  # find and explain the one that did not apply
                     self.complete(tx, job, None)
 

@@ -353,11 +353,15 @@ def grab_jobs(
         if not found:
             return []
         old = {r[0]: r[1:] for r in found}
-        seq_marks = ", ".join("?" for _ in found)
-        updated = tx.query(
-            f"UPDATE homing_jobs SET {set_lease} WHERE seq IN ({seq_marks}) RETURNING {_COLS}",
-            [*lease_params, *old],
-        )
+        updated = []
+        seqs = list(old)
+        for start in range(0, len(seqs), 500):  # SQLite caps the number of bound variables
+            chunk = seqs[start : start + 500]
+            seq_marks = ", ".join("?" for _ in chunk)
+            updated += tx.query(
+                f"UPDATE homing_jobs SET {set_lease} WHERE seq IN ({seq_marks}) RETURNING {_COLS}",
+                [*lease_params, *chunk],
+            )
         rows = [(*u, *old[u[-1]]) for u in updated]
     result = []
     n = len(JOB_COLUMNS)
