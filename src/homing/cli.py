@@ -144,9 +144,7 @@ def insert(
     """Insert a job of TYPE with JSON ARGS; prints its handle."""
     payload = _parse_json(args, "ARGS")
     with open_db(ctx) as db:
-        run_at = (
-            db.shards[0].clock.now() + delay if hasattr(db, "shards") else db.clock.now() + delay
-        )
+        run_at = time.time() + delay if delay else None  # None: due now by the store's clock
         handle = db.insert(type, payload, priority=priority, run_at=run_at, unique_key=unique_key)
     emit({"handle": handle}, as_json, lambda d: click.echo(d["handle"]))
 

@@ -152,20 +152,25 @@ def to_timestamp(name: str, value: Any, default: float) -> float:
     return check_seconds(name, value, allow_zero=True)
 
 
-def encode_args(args: Any, limit: int) -> str:
+def encode_json(value: Any, limit: int, *, what: str, setting: str) -> str:
+    """Compact JSON text of ``value`` within ``limit`` bytes, or a clear InvalidArgument."""
     try:
-        text = json.dumps(args, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+        text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
     except (TypeError, ValueError) as exc:
         raise InvalidArgument(
-            f"job args must be JSON (dict, list, str, number, bool, None; no NaN): {exc}"
+            f"{what} must be JSON (dict, list, str, number, bool, None; no NaN): {exc}"
         ) from exc
     size = len(text.encode())
     if size > limit:
         raise PayloadTooLarge(
-            f"job args are {size} bytes, over the limit of {limit}; store large data elsewhere "
-            "and pass a reference, or raise max_args_bytes in homing.connect()"
+            f"{what}: {size} bytes, over the limit of {limit}; store large data elsewhere "
+            f"and pass a reference, or raise {setting}"
         )
     return text
+
+
+def encode_args(args: Any, limit: int) -> str:
+    return encode_json(args, limit, what="job args", setting="max_args_bytes in homing.connect()")
 
 
 def check_message(message: Any) -> str:

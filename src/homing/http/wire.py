@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+from homing._json import MAX_DEPTH, MAX_INT, strict_loads
 from homing.errors import InvalidArgument
 from homing.http.errors import UnsafeURL
 
@@ -44,8 +45,8 @@ JSON_TYPE = "application/json"
 BYTES_TYPE = "application/octet-stream"
 MODES = ("put", "send", "job")
 
-MAX_JSON_DEPTH = 64
-MAX_JSON_INT = 2**63
+MAX_JSON_DEPTH = MAX_DEPTH
+MAX_JSON_INT = MAX_INT
 
 
 class BadJSON(InvalidArgument):
@@ -84,70 +85,9 @@ def decode_body(content_type: str, data: bytes) -> Any:
     return data
 
 
-def _no_constants(name: str) -> Any:
-    raise BadJSON(f"JSON body contains {name}, which is not JSON; send finite numbers only")
-
-
-def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise BadJSON(f"JSON body has the key {k[:80]!r} twice in one object; send it once")
-        out[k] = v
-    return out
-
-
-def _int(text: str) -> int:
-    if len(text) > 20:
-        raise BadJSON(
-            f"JSON body has an integer of {len(text)} digits; integers must be below 2**63 "
-            "(send big numbers as strings)"
-        )
-    value = int(text)
-    if not -MAX_JSON_INT <= value < MAX_JSON_INT:
-        raise BadJSON(f"JSON integer {value} is outside the 64-bit range; send it as a string")
-    return value
-
-
-def _depth_ok(data: bytes, limit: int) -> bool:
-    depth = 0
-    in_str = False
-    esc = False
-    for ch in data:
-        if in_str:
-            if esc:
-                esc = False
-            elif ch == 0x5C:
-                esc = True
-            elif ch == 0x22:
-                in_str = False
-        elif ch == 0x22:
-            in_str = True
-        elif ch in (0x5B, 0x7B):
-            depth += 1
-            if depth > limit:
-                return False
-        elif ch in (0x5D, 0x7D):
-            depth -= 1
-    return True
-
-
 def strict_json(data: bytes) -> Any:
     """Parse JSON refusing NaN/Infinity, duplicate keys, deep nesting and huge integers."""
-    if not _depth_ok(data, MAX_JSON_DEPTH):
-        raise BadJSON(f"JSON body is nested deeper than {MAX_JSON_DEPTH} levels; flatten it")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise BadJSON(f"JSON body is not UTF-8: {exc}") from exc
-    try:
-        return json.loads(
-            text, object_pairs_hook=_pairs, parse_constant=_no_constants, parse_int=_int
-        )
-    except BadJSON:
-        raise
-    except (ValueError, RecursionError) as exc:
-        raise BadJSON(f"body is not valid JSON: {exc}") from exc
+    return strict_loads(data, BadJSON)
 
 
 # -- signing -----------------------------------------------------------------------------

@@ -6,7 +6,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from homing.errors import InvalidArgument, InvalidState, NotFound, PayloadTooLarge
+from homing.errors import InvalidArgument, InvalidState, NotFound
+from homing.jobs import encode_json
 
 DEFAULT_KEEP_REPLIES = 100
 DEFAULT_RETENTION_S = 30 * 24 * 3600.0
@@ -189,19 +190,7 @@ def check_keep(value: Any) -> int | None:
 
 
 def encode_body(what: str, body: Any, limit: int) -> str:
-    try:
-        text = json.dumps(body, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
-    except (TypeError, ValueError) as exc:
-        raise InvalidArgument(
-            f"{what} must be JSON (dict, list, str, number, bool, None; no NaN): {exc}"
-        ) from exc
-    size = len(text.encode())
-    if size > limit:
-        raise PayloadTooLarge(
-            f"{what} is {size} bytes, over the limit of {limit}; store large data elsewhere "
-            "and send a reference, or raise max_body_bytes"
-        )
-    return text
+    return encode_json(body, limit, what=what, setting="max_body_bytes")
 
 
 def decode(text: str | None) -> Any:

@@ -7,7 +7,6 @@ Every route and its JSON is documented in docs/sessions.md. Bad input gets a 4xx
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import Any
@@ -18,6 +17,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from homing._json import strict_loads
 from homing.database import Database
 from homing.errors import (
     HomingError,
@@ -30,7 +30,6 @@ from homing.errors import (
 from homing.sessions._model import Recovery, Reply, Request, RequestNotFound, SessionInfo
 from homing.sessions.client import Sessions
 
-_MAX_DEPTH = 64
 _OVERHEAD = 64 * 1024  # room for the JSON envelope around a request body
 
 
@@ -38,45 +37,9 @@ class _BadInput(InvalidArgument):
     pass
 
 
-def _no_constants(name: str) -> Any:
-    raise _BadInput(f"invalid JSON: {name} is not a number JSON allows")
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _BadInput(f"invalid JSON: key {key!r} appears twice in one object")
-        out[key] = value
-    return out
-
-
-def _depth(value: Any, level: int = 0) -> int:
-    if level > _MAX_DEPTH:
-        return level
-    if isinstance(value, dict):
-        return max([_depth(v, level + 1) for v in value.values()], default=level)
-    if isinstance(value, list):
-        return max([_depth(v, level + 1) for v in value], default=level)
-    return level
-
-
 def parse_json(raw: bytes) -> Any:
     """Strict JSON: no NaN/Infinity, no duplicate keys, bounded nesting and number size."""
-    try:
-        text = raw.decode("utf-8")
-        value = json.loads(text, parse_constant=_no_constants, object_pairs_hook=_no_duplicates)
-    except _BadInput:
-        raise
-    except UnicodeDecodeError as exc:
-        raise _BadInput(f"the body is not UTF-8: {exc}") from exc
-    except RecursionError as exc:
-        raise _BadInput("invalid JSON: nested too deeply") from exc
-    except ValueError as exc:  # JSONDecodeError, or an integer with too many digits
-        raise _BadInput(f"invalid JSON: {exc}") from exc
-    if _depth(value) > _MAX_DEPTH:
-        raise _BadInput(f"invalid JSON: nested more than {_MAX_DEPTH} levels deep")
-    return value
+    return strict_loads(raw, _BadInput)
 
 
 def _error(status: int, exc: BaseException) -> JSONResponse:

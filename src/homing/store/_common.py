@@ -54,7 +54,3 @@ class TxSlot:
 def run_after_commit(tx: Tx) -> None:
     for fn in tx._after_commit:
         fn()
-
-
-def describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"

@@ -9,7 +9,7 @@ translates them. Values always travel as bound parameters, never inside the SQL 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -102,9 +102,3 @@ class Store(Protocol):
         PostgreSQL uses LISTEN/NOTIFY; SQLite has no notifications and just sleeps.
         """
         ...
-
-
-def rows_as_dicts(cur: Any) -> Iterator[dict[str, Any]]:
-    names = [d[0] for d in cur.description]
-    for row in cur.fetchall():
-        yield dict(zip(names, row, strict=True))
