@@ -48,6 +48,13 @@ def test_pipeline_small_scale_exactly_once(spark: Any, store_url: str, tmp_path:
     assert report.deliveries["delivered"] == report.expected.notifications - report.expected.bounces
     assert report.deliveries["temporary_refusals"] > 0 and checks["retries"] > 0
     assert report.deliveries["workers_killed"] == 2
+    # webhooks and IM went through homing.http: outbox -> lossy network -> receiver inbox
+    hooks = sum(report.expected.by_channel[c] for c in ("webhook", "im"))
+    assert report.deliveries["outbox"].get("delivered") == hooks > 0
+    assert not report.deliveries["outbox"].get("failed")
+    assert report.deliveries["receiver_inbox"] == {"done": hooks}
+    assert report.deliveries["acks_lost"] > 0  # each one a repeat the inbox had to drop
+    assert report.deliveries["duplicates_suppressed"] >= report.deliveries["acks_lost"]
     assert report.stages[1]["commits"] >= 3
     assert report.ok
 
@@ -107,3 +114,35 @@ def test_sqlite_with_a_cluster_master_is_refused(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigurationError, match="PostgreSQL store"):
         check_master(f"sqlite:///{tmp_path / 'x.db'}", "spark://cluster:7077")
+
+
+def test_the_check_sees_a_repeated_and_a_missing_effect(
+    db: Any, tmp_path: Path, clock: Any
+) -> None:
+    """The run's check must be able to fail: a webhook effect recorded twice is counted as
+    duplicated, a done notification without an effect as lost (a check that cannot fail
+    would prove nothing)."""
+    import homing
+    from homing.pipeline.data import HOOK_RECEIVED, Expected
+    from homing.pipeline.run import _check, _read_receipts
+
+    run = "chk"
+    db.insert_many(
+        [
+            homing.JobSpec("ProcessNotification", {"run": run, "channel": "webhook", "n": n})
+            for n in range(3)
+        ]
+    )
+    jobs = db.grab_many("ProcessNotification", lock_for=30, limit=3)
+    db.complete_many(jobs)
+    hooks = homing.connect(f"sqlite:///{tmp_path / 'hooks.db'}", clock=clock)
+    twice, once, _missing = (j.id for j in jobs)
+    for note_id in (twice, twice, once):
+        hooks.insert(HOOK_RECEIVED, {"run": run, "notification_id": note_id, "channel": "im"})
+    expected = Expected(events=0, subscriptions=0, notifications=3, by_channel={}, bounces=0)
+    rec = _read_receipts(tmp_path / "no-smtp-log.jsonl", hooks, run)
+    checks = _check(db, hooks, run, expected, rec)
+    assert (checks["duplicated"], checks["lost"], checks["unexpected"]) == (1, 1, 0)
+    assert rec["by_channel"] == {"im": 3}
+    assert not checks["ok"]
+    hooks.close()

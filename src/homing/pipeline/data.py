@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CHANNELS = ("email", "webhook", "im")
+HOOK_CHANNELS = ("webhook", "im")  # delivered over HTTP by homing.http's reliable sender
+HOOK_RECEIVED = "WebhookReceived"  # the webhook receiver's effect: one job per message
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,12 @@
 
 Email goes over real SMTP (``smtplib``) with seed 002's policy: a 5xx answer fails the job
 permanently, anything else retries less and less (5 minutes doubling up to 4 hours, giving
-up at 4.5 days; ``--retry-scale`` shrinks that clock for a demo run). Webhooks and IM go
-over HTTP with the job id as ``Idempotency-Key``. Both receivers drop repeats by that id:
-delivery is at least once, the effect once (see docs/pipeline.md).
+up at 4.5 days; ``--retry-scale`` shrinks that clock for a demo run); the SMTP server drops
+repeats by the job id (``X-Homing-Id``). Webhooks and IM go through ``homing.http``'s
+reliable sender: the handler stores the request in the outbox *in the transaction that
+completes the job* (a transactional outbox), and the dispatcher running in each worker
+process delivers it until the receiver's durable inbox acknowledges it (see
+docs/pipeline.md and docs/http.md).
 
 Run: ``python -m homing.pipeline.deliver --db URL --smtp-port P --http-port Q``.
 """
@@ -17,7 +20,10 @@ import threading
 from email.message import EmailMessage
 from typing import Any
 
-from homing.errors import PermanentFailure
+from homing.database import Database, connect
+from homing.errors import ConfigurationError, PermanentFailure
+from homing.http import RetryPolicy as HttpRetryPolicy
+from homing.http import Sender
 from homing.worker import App, RetryPolicy
 
 NOTIFICATION = "ProcessNotification"
@@ -40,9 +46,8 @@ def smtp_policy(scale: float) -> RetryPolicy:
 class Channels:
     """Per-thread SMTP and HTTP connections, reused between jobs."""
 
-    def __init__(self, smtp_port: int, http_port: int) -> None:
+    def __init__(self, smtp_port: int) -> None:
         self.smtp_port = smtp_port
-        self.http_base = f"http://127.0.0.1:{http_port}/hook/"
         self.local = threading.local()
 
     def smtp(self) -> smtplib.SMTP:
@@ -60,14 +65,6 @@ class Channels:
                 conn.close()
             except OSError:
                 pass
-
-    def http(self) -> Any:
-        import httpx
-
-        client = getattr(self.local, "http", None)
-        if client is None:
-            client = self.local.http = httpx.Client(timeout=10)
-        return client
 
     def send_email(self, job_id: str, args: dict[str, Any]) -> None:
         msg = EmailMessage()
@@ -98,21 +95,25 @@ class Channels:
         if refused:
             raise RuntimeError(f"SMTP refused some recipients: {refused}")
 
-    def send_hook(self, job_id: str, channel: str, args: dict[str, Any]) -> None:
-        response = self.http().post(
-            self.http_base + channel, json=args, headers={"Idempotency-Key": job_id}
-        )
-        if response.status_code in (501, 400, 404, 410, 422):
-            raise PermanentFailure(f"HTTP {response.status_code} from the webhook receiver")
-        if response.status_code >= 300:
-            raise RuntimeError(f"HTTP {response.status_code}: temporary, retrying later")
-
 
 def make_app(
     url: str, *, smtp_port: int, http_port: int, lock_for: float, retry_scale: float
-) -> App:
-    app = App(url, lock_for=lock_for, name="pipeline")
-    channels = Channels(smtp_port, http_port)
+) -> tuple[App, Sender]:
+    """The delivery app and its reliable HTTP sender (close it after ``app.run``)."""
+    db = connect(url)
+    if not isinstance(db, Database):
+        raise ConfigurationError("the delivery workers run on one store, not a sharded one")
+    app = App(db, lock_for=lock_for, name="pipeline")
+    channels = Channels(smtp_port)
+    hooks = f"http://127.0.0.1:{http_port}/hook/"
+    # The dispatcher (a thread of this process) drains the outbox; the other worker
+    # processes run theirs on the same outbox, and a killed one's claims are released.
+    sender = Sender(
+        db,
+        retry=HttpRetryPolicy(initial=0.2, maximum=5.0),
+        request_timeout=10.0,
+        per_destination=16,
+    )
 
     @app.job(NOTIFICATION, retry=smtp_policy(retry_scale))
     def deliver(job: Any, ctx: Any) -> None:
@@ -120,9 +121,10 @@ def make_app(
         if args["channel"] == "email":
             channels.send_email(job.id, args)
         else:
-            channels.send_hook(job.id, args["channel"], args)
+            body = {**args, "notification_id": job.id}
+            sender.enqueue("send", hooks + args["channel"], body, tx=ctx.transaction)
 
-    return app
+    return app, sender
 
 
 def main() -> None:
@@ -134,14 +136,17 @@ def main() -> None:
     parser.add_argument("--lock-for", type=float, default=5.0)
     parser.add_argument("--retry-scale", type=float, default=1 / 600)
     a = parser.parse_args()
-    app = make_app(
+    app, sender = make_app(
         a.db,
         smtp_port=a.smtp_port,
         http_port=a.http_port,
         lock_for=a.lock_for,
         retry_scale=a.retry_scale,
     )
-    app.run(concurrency=a.concurrency, name="deliver")
+    try:
+        app.run(concurrency=a.concurrency, name="deliver")
+    finally:
+        sender.close()  # in-flight requests end; their claims are released at next start
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from homing.database import Database, ShardedDatabase, connect
 from homing.errors import ConfigurationError, HomingError
 from homing.jobs import JobSpec
 from homing.pipeline import data
+from homing.pipeline.data import HOOK_CHANNELS, HOOK_RECEIVED
 from homing.pipeline.stages import (
     EVENT,
     NOTIFICATION,
@@ -30,6 +31,7 @@ from homing.pipeline.stages import (
     fan_out_subscriptions,
 )
 from homing.spark import check_session, register
+from homing.store import http_queries as hq
 from homing.store import spark_queries as sq
 
 
@@ -206,9 +208,11 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def _read_receipts(path: Path) -> dict[str, Any]:
+def _read_receipts(path: Path, hooks: Database, run: str) -> dict[str, Any]:
+    """Every delivery's effect, counted: emails from the SMTP server's receipt log, webhooks
+    and IM from the ``WebhookReceived`` rows in the webhook receiver's store."""
     new: dict[str, int] = {}
-    dups = temps = 0
+    dups = temps = lost_acks = 0
     by_channel: dict[str, int] = {}
     first = last = None
     if path.exists():
@@ -223,14 +227,35 @@ def _read_receipts(path: Path) -> dict[str, Any]:
                 dups += 1
             elif rec["kind"] == "temp":
                 temps += 1
+            elif rec["kind"] == "ack_lost":
+                lost_acks += 1
+    with hooks.store.transaction(write=False) as tx:
+        per_note = sq.run_arg_counts(tx, run, HOOK_RECEIVED, "notification_id")
+        per_channel = sq.run_arg_counts(tx, run, HOOK_RECEIVED, "channel")
+    for note_id, n, lo, hi in per_note:
+        new[note_id] = new.get(note_id, 0) + n
+        first = lo if first is None else min(first, lo)
+        last = hi if last is None else max(last, hi)
+    for channel, n, _, _ in per_channel:
+        by_channel[channel] = by_channel.get(channel, 0) + n
     return {
         "new": new,
         "duplicates_suppressed": dups,
         "temporary_refusals": temps,
+        "acks_lost": lost_acks,
         "by_channel": by_channel,
         "first": first,
         "last": last,
     }
+
+
+def _http_state(db: Database, hooks: Database) -> tuple[dict[str, int], dict[str, int]]:
+    """(sender's outbox, receiver's inbox) message counts by state."""
+    with db.store.transaction(write=False) as tx:
+        outbox = hq.outbox_counts(tx)
+    with hooks.store.transaction(write=False) as tx:
+        inbox = hq.inbox_counts(tx)
+    return outbox, inbox
 
 
 def _counts(db: Database | ShardedDatabase, run: str) -> dict[tuple[str, str], int]:
@@ -268,6 +293,8 @@ def run_pipeline(cfg: PipelineConfig, *, spark: Any = None, console: Any = None)
 
     smtp_port, http_port = free_port(), free_port()
     receipts = work / "receipts.jsonl"
+    hooks = connect(f"sqlite:///{work / 'webhook-receiver.db'}")  # migrated before the sinks
+    assert isinstance(hooks, Database)
     sinks = subprocess.Popen(
         [
             sys.executable,
@@ -275,6 +302,8 @@ def run_pipeline(cfg: PipelineConfig, *, spark: Any = None, console: Any = None)
             "homing.pipeline.sinks",
             "--log",
             str(receipts),
+            "--hooks-db",
+            hooks.url,
             "--smtp-port",
             str(smtp_port),
             "--http-port",
@@ -308,7 +337,7 @@ def run_pipeline(cfg: PipelineConfig, *, spark: Any = None, console: Any = None)
         register(spark)
         check_session(spark, url)
         report.stages, report.deliveries = _drive(
-            cfg, spark, db, url, run, subscriptions, subscribers, expected, fleet, receipts, console
+            cfg, spark, db, hooks, run, subscriptions, subscribers, expected, fleet, console
         )
     finally:
         fleet.stop()
@@ -319,29 +348,57 @@ def run_pipeline(cfg: PipelineConfig, *, spark: Any = None, console: Any = None)
             sinks.kill()
         if own_spark and spark is not None:
             spark.stop()
-    report.checks = _check(db, run, expected, _read_receipts(receipts))
+    rec = _read_receipts(receipts, hooks, run)
+    report.checks = _check(db, hooks, run, expected, rec)
+    report.deliveries.update(_delivery_figures(rec, work))
     report.deliveries["workers_killed"] = fleet.killed
     report.seconds = time.monotonic() - t0
+    hooks.close()
     db.close()
     return report
+
+
+def _delivery_figures(rec: dict[str, Any], work: Path) -> dict[str, Any]:
+    """What the receivers saw: effects, refusals, repeats dropped (SMTP log + webhook inbox)."""
+    stats_file = work / "webhook-receiver-stats.json"
+    inbox_stats = json.loads(stats_file.read_text()) if stats_file.exists() else {}
+    delivery_s = (rec["last"] - rec["first"]) if rec["first"] is not None else 0.0
+    return {
+        "delivered": len(rec["new"]),
+        "by_channel": rec["by_channel"],
+        "temporary_refusals": rec["temporary_refusals"],
+        "acks_lost": rec["acks_lost"],
+        "duplicates_suppressed": rec["duplicates_suppressed"]
+        + int(inbox_stats.get("duplicates", 0)),
+        "seconds": round(delivery_s, 2),
+        "per_s": round(len(rec["new"]) / delivery_s, 1) if delivery_s else None,
+    }
 
 
 def _drive(
     cfg: PipelineConfig,
     spark: Any,
     db: Database,
-    url: str,
+    hooks: Database,
     run: str,
     subscriptions: Path,
     subscribers: Path,
     expected: data.Expected,
     fleet: Fleet,
-    receipts: Path,
     console: Any,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    url = cfg.db
     base = _stats(db)
+    base_outbox, _ = _http_state(db, hooks)
+    expected_hooks = sum(expected.by_channel.get(c, 0) for c in HOOK_CHANNELS)
+
+    def hooks_settled() -> tuple[int, int]:
+        """(outbox messages finished since the start, receiver inbox messages handled)."""
+        outbox, inbox = _http_state(db, hooks)
+        sent = sum(outbox.get(k, 0) - base_outbox.get(k, 0) for k in ("delivered", "failed"))
+        return sent, inbox.get("done", 0) + inbox.get("failed", 0)
 
     def grown(job_type: str, *states: str) -> int:
         now = _stats(db).get(job_type, {})
@@ -364,7 +421,8 @@ def _drive(
     )
     ta = progress.add_task(f"{EVENT} -> {SUBSCRIPTION}", total=expected.events)
     tb = progress.add_task(f"{SUBSCRIPTION} -> {NOTIFICATION}", total=expected.subscriptions)
-    tc = progress.add_task("deliveries (done + perm-failed)", total=expected.notifications)
+    tc = progress.add_task("notification jobs (done + perm-failed)", total=expected.notifications)
+    th = progress.add_task("webhook + IM acked by the receiver", total=expected_hooks)
     tk = progress.add_task("workers killed (SIGKILL)", total=max(cfg.kills, 1))
 
     def monitor() -> None:
@@ -378,6 +436,8 @@ def _drive(
                 progress.update(tb, completed=grown(SUBSCRIPTION, "done"))
                 notes = grown(NOTIFICATION, "done", "failed")
                 progress.update(tc, completed=notes)
+                sent, handled = hooks_settled()
+                progress.update(th, completed=sent)
                 fleet.respawn_dead()
                 if notes > 0 and kill_every is None:
                     # spread the kills over a rough guess of the delivery time
@@ -391,7 +451,12 @@ def _drive(
                     fleet.kill_one()
                     next_kill = time.monotonic() + kill_every
                 progress.update(tk, completed=fleet.killed)
-                if spark_done.is_set() and notes >= expected.notifications:
+                if (
+                    spark_done.is_set()
+                    and notes >= expected.notifications
+                    and sent >= expected_hooks
+                    and handled >= expected_hooks
+                ):
                     finished.set()
         except BaseException as exc:  # reported by the main thread
             errors.append(exc)
@@ -420,8 +485,6 @@ def _drive(
     while fleet.killed < cfg.kills:  # the run was too quick: still exercise the kills
         fleet.kill_one()
     t_end = time.monotonic()
-    rec = _read_receipts(receipts)
-    delivery_s = (rec["last"] - rec["first"]) if rec["first"] is not None else 0.0
     stages = []
     for st, children in ((stage_a, expected.subscriptions), (stage_b, expected.notifications)):
         stages.append(
@@ -434,21 +497,22 @@ def _drive(
                 "children_per_s": round(children / st.seconds, 1) if st.seconds else None,
             }
         )
+    outbox, inbox = _http_state(db, hooks)
     deliveries = {
-        "delivered": len(rec["new"]),
-        "by_channel": rec["by_channel"],
-        "temporary_refusals": rec["temporary_refusals"],
-        "duplicates_suppressed": rec["duplicates_suppressed"],
-        "seconds": round(delivery_s, 2),
-        "per_s": round(len(rec["new"]) / delivery_s, 1) if delivery_s else None,
         "wall_seconds": round(t_end - t_start, 2),
+        "outbox": {k: v - base_outbox.get(k, 0) for k, v in outbox.items()},
+        "receiver_inbox": inbox,
     }
     return stages, deliveries
 
 
-def _check(db: Database, run: str, expected: data.Expected, rec: dict[str, Any]) -> dict[str, Any]:
+def _check(
+    db: Database, hooks: Database, run: str, expected: data.Expected, rec: dict[str, Any]
+) -> dict[str, Any]:
     """lost / duplicated / unexpected against the store and the receivers' records."""
     counts = _counts(db, run)
+    with hooks.store.transaction(write=False) as tx:
+        inbox = hq.inbox_counts(tx)
     with db.store.transaction(write=False) as tx:
         notes = sq.run_jobs(tx, run, NOTIFICATION)
     done = {i for i, s, _ in notes if s == "done"}
@@ -471,12 +535,16 @@ def _check(db: Database, run: str, expected: data.Expected, rec: dict[str, Any])
         "duplicated": duplicated,
         "unexpected": unexpected,
         "left_unfinished": not_terminal,
+        "webhook_inbox_unhandled": inbox.get("received", 0),
+        "webhook_inbox_failed": inbox.get("failed", 0),
     }
     checks["ok"] = (
         lost == 0
         and duplicated == 0
         and unexpected == 0
         and not_terminal == 0
+        and inbox.get("received", 0) == 0
+        and inbox.get("failed", 0) == 0
         and checks["events_done"] == expected.events
         and checks["subscriptions"] == expected.subscriptions
         and len(notes) == expected.notifications
@@ -518,7 +586,8 @@ def print_report(report: Report, console: Any) -> None:
     console.print(
         f"perm-failed (SMTP 5xx bounces): {ck['notifications_perm_failed']} of "
         f"{report.expected.bounces} expected; temporary refusals (451/503): "
-        f"{dv['temporary_refusals']}; workers killed: {dv['workers_killed']}; "
+        f"{dv['temporary_refusals']}; webhook answers lost: {dv['acks_lost']}; "
+        f"outbox: {dv['outbox']}; workers killed: {dv['workers_killed']}; "
         f"left unfinished: {ck['left_unfinished']}"
     )
     console.print(

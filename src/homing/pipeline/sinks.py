@@ -1,11 +1,16 @@
 """Local receivers for the pipeline's deliveries: an SMTP server and a webhook receiver.
 
-Run as a process: ``python -m homing.pipeline.sinks --log FILE --smtp-port P --http-port Q``.
-Each receiver keeps a durable inbox of the message ids it accepted (the receipt log, one
-JSON line per receipt, reloaded on start) and drops repeats: a repeat is acknowledged
-again, logged as a suppressed duplicate, and has no effect. To exercise the retry policy
-they answer some first attempts with a temporary error (SMTP 451, HTTP 503), and the SMTP
-server refuses mailboxes named ``bounce-*`` with 550 (a permanent failure).
+Run as a process: ``python -m homing.pipeline.sinks --log FILE --hooks-db URL
+--smtp-port P --http-port Q``.
+
+- SMTP (aiosmtpd): keeps a durable record of the message ids it accepted (the receipt log,
+  one JSON line per receipt, reloaded on start) and drops repeats by ``X-Homing-Id``: a
+  repeat is acknowledged again, logged as a suppressed duplicate, and has no effect. It
+  refuses mailboxes named ``bounce-*`` with 550 (a permanent failure) and answers some
+  first attempts with 451 (temporary).
+- Webhooks: a ``homing.http.Receiver`` on its own store, behind a lossy network that
+  refuses some first attempts (503) and loses some answers (502 after the receiver handled
+  the message), so the reliable sender's retries and the receiver's inbox are exercised.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from email.parser import BytesHeaderParser
 from pathlib import Path
 from typing import Any
 
+from homing.pipeline.data import HOOK_CHANNELS, HOOK_RECEIVED
+
 
 class Inbox:
     """The receivers' shared record: accepted ids, repeats, temporary refusals."""
@@ -30,6 +37,7 @@ class Inbox:
         self.lock = threading.Lock()
         self.seen: set[str] = set()
         self.refused: set[str] = set()
+        self.lost: set[str] = set()
         if log.exists():
             for line in log.read_text().splitlines():
                 rec = json.loads(line)
@@ -37,6 +45,8 @@ class Inbox:
                     self.seen.add(rec["id"])
                 elif rec["kind"] == "temp":
                     self.refused.add(rec["id"])
+                elif rec["kind"] == "ack_lost":
+                    self.lost.add(rec["id"])
         self.file = log.open("a", buffering=1)
 
     def _log(self, kind: str, msg_id: str, channel: str) -> None:
@@ -53,6 +63,18 @@ class Inbox:
                 return False
             self.refused.add(msg_id)
             self._log("temp", msg_id, channel)
+            return True
+
+    def lose_ack(self, msg_id: str, channel: str) -> bool:
+        """True (and recorded) if the answer to this first attempt is to be lost."""
+        with self.lock:
+            if msg_id in self.lost:
+                return False
+            band = zlib.crc32(msg_id.encode()) % 100
+            if not self.temp_pct <= band < 2 * self.temp_pct:
+                return False
+            self.lost.add(msg_id)
+            self._log("ack_lost", msg_id, channel)
             return True
 
     def accept(self, msg_id: str, channel: str) -> bool:
@@ -91,35 +113,110 @@ class SmtpHandler:
         return "250 OK queued"
 
 
-def http_app(inbox: Inbox) -> Any:
-    from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import Response
-    from starlette.routing import Route
+def hook_receiver(db_url: str) -> Any:
+    """The webhook receiver: a ``homing.http.Receiver`` on its own store (the receiving
+    service's). Each message's effect is one ``WebhookReceived`` job inserted in the inbox
+    transaction, so the receiver's inbox is what keeps it to once; repeats are counted in
+    ``receiver.stats["duplicates"]``. The effect table deliberately has no unique key: a
+    repeat that got through would show up as a second row and fail the run's check."""
+    from homing.database import Database, Transaction, connect
+    from homing.http import Receiver
 
-    async def hook(request: Request) -> Response:
-        channel = request.path_params["channel"]
-        msg_id = request.headers.get("idempotency-key")
-        if not msg_id:
-            return Response("missing Idempotency-Key header", status_code=400)
-        await request.body()
-        if inbox.flaky(msg_id, channel):
-            return Response(status_code=503, headers={"Retry-After": "1"})
-        inbox.accept(msg_id, channel)
-        return Response(status_code=204)
+    db = connect(db_url)
+    if not isinstance(db, Database):
+        raise SystemExit("the webhook receiver needs one store, not a sharded one")
+    receiver = Receiver(db, workers=4, dispatch=False)
 
-    return Starlette(routes=[Route("/hook/{channel}", hook, methods=["POST"])])
+    def record(body: Any, tx: Transaction) -> None:
+        tx.insert(
+            HOOK_RECEIVED,
+            {
+                "run": body["run"],
+                "notification_id": body["notification_id"],
+                "channel": body["channel"],
+            },
+        )
+
+    for channel in HOOK_CHANNELS:
+        receiver.add_node(f"/hook/{channel}", record)
+    return receiver
 
 
-def serve(log: Path, smtp_port: int, http_port: int, temp_pct: int) -> None:
+class LossyNetwork:
+    """ASGI middleware playing an unreliable network in front of the webhook receiver.
+
+    Some first attempts (by ``Homing-Message-Id``) are refused with 503 before the receiver
+    sees them; for some others the receiver stores and handles the message but its answer
+    is lost (the sender gets a 502), so the sender must retry and the receiver's inbox must
+    drop the repeat. Both are recorded in the receipt log as ``temp`` and ``ack_lost``.
+    """
+
+    def __init__(self, app: Any, inbox: Inbox, on_shutdown: Any = None) -> None:
+        self.app = app
+        self.inbox = inbox
+        self.on_shutdown = on_shutdown
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan" and self.on_shutdown is not None:
+
+            async def send_lifespan(message: Any) -> None:
+                if message["type"] == "lifespan.shutdown.complete":
+                    self.on_shutdown()  # uvicorn re-raises SIGTERM after this: no finally
+                await send(message)
+
+            await self.app(scope, receive, send_lifespan)
+            return
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        msg_id = headers.get(b"homing-message-id", b"").decode("latin-1")
+        channel = scope.get("path", "").rsplit("/", 1)[-1]
+        if msg_id and self.inbox.flaky(msg_id, channel):
+            await _answer(send, 503, b"try again later", [(b"retry-after", b"1")])
+            return
+        if msg_id and self.inbox.lose_ack(msg_id, channel):
+            answered: list[int] = []
+
+            async def swallow(message: Any) -> None:
+                if message["type"] == "http.response.start":
+                    answered.append(int(message["status"]))
+
+            await self.app(scope, receive, swallow)
+            await _answer(send, 502, f"upstream answered {answered}, lost".encode(), [])
+            return
+        await self.app(scope, receive, send)
+
+
+async def _answer(send: Any, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"text/plain"), *headers],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def serve(log: Path, hooks_db: str, smtp_port: int, http_port: int, temp_pct: int) -> None:
     import uvicorn
     from aiosmtpd.controller import Controller
 
     inbox = Inbox(log, temp_pct)
     smtp = Controller(SmtpHandler(inbox), hostname="127.0.0.1", port=smtp_port)
     smtp.start()
+    receiver = hook_receiver(hooks_db)
+
+    def write_stats() -> None:
+        log.with_name("webhook-receiver-stats.json").write_text(json.dumps(receiver.stats))
+
     config = uvicorn.Config(
-        http_app(inbox), host="127.0.0.1", port=http_port, log_level="warning", access_log=False
+        LossyNetwork(receiver.app, inbox, on_shutdown=write_stats),
+        host="127.0.0.1",
+        port=http_port,
+        log_level="warning",
+        access_log=False,
     )
     try:
         asyncio.run(uvicorn.Server(config).serve())
@@ -131,11 +228,12 @@ def serve(log: Path, smtp_port: int, http_port: int, temp_pct: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--log", type=Path, required=True)
+    parser.add_argument("--hooks-db", required=True, help="store URL of the webhook receiver")
     parser.add_argument("--smtp-port", type=int, required=True)
     parser.add_argument("--http-port", type=int, required=True)
     parser.add_argument("--temp-pct", type=int, default=3)
     a = parser.parse_args()
-    serve(a.log, a.smtp_port, a.http_port, a.temp_pct)
+    serve(a.log, a.hooks_db, a.smtp_port, a.http_port, a.temp_pct)
 
 
 if __name__ == "__main__":

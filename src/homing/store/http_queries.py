@@ -332,6 +332,11 @@ def outbox_counts(tx: Tx) -> dict[str, int]:
     return {str(s): int(n) for s, n in rows}
 
 
+def inbox_counts(tx: Tx) -> dict[str, int]:
+    rows = tx.query("SELECT state, COUNT(*) FROM homing_http_inbox GROUP BY state")
+    return {str(s): int(n) for s, n in rows}
+
+
 # -- inbox -------------------------------------------------------------------------------
 def insert_incoming(
     tx: Tx,

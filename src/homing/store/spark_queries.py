@@ -402,3 +402,17 @@ def run_jobs(tx: Tx, run: str, job_type: str) -> list[tuple[str, str, int]]:
         (job_type, run),
     )
     return [(str(i), str(s), int(a)) for i, s, a in rows]
+
+
+def run_arg_counts(
+    tx: Tx, run: str, job_type: str, key: str
+) -> list[tuple[str, int, float, float]]:
+    """(value of ``args[key]``, jobs, first and last created_at) of one run's jobs of a type:
+    how often each value was recorded, to count effects per notification."""
+    value = "args->>(?::text)" if tx.dialect == "postgres" else "json_extract(args, '$.' || ?)"
+    rows = tx.query(
+        f"SELECT {value} AS v, COUNT(*), MIN(created_at), MAX(created_at) FROM homing_jobs "
+        f"WHERE type = ? AND {_run_filter(tx)} GROUP BY v",
+        (key, job_type, run),
+    )
+    return [(str(v), int(n), float(lo), float(hi)) for v, n, lo, hi in rows]
