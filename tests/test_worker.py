@@ -478,3 +478,80 @@ def test_a_stale_lease_in_a_batch_of_outcomes_does_not_sink_the_others(
     states = {j.handle: sdb.details(j.handle).state for j in jobs}
     assert states.pop(stolen.handle) == "running" and set(states.values()) == {"done"}
     assert worker._inflight == 0 and worker._active == 0 and not worker._held
+
+
+def _effect_via(tx: homing.Transaction, job_id: str, attempt: int) -> None:
+    mark = "%s" if tx.dialect == "postgres" else "?"
+    tx.connection.execute(
+        f"INSERT INTO effects (job_id, attempt, pid) VALUES ({mark}, {mark}, 1)",
+        (job_id, attempt),
+    )
+
+
+def test_on_complete_writes_commit_with_batched_completions(sdb: homing.Database) -> None:
+    """ctx.on_complete: the write lands in the completer's batch transaction, once per job;
+    a write that raises undoes only its own job's writes (retried by the policy) and the
+    rest of the batch still completes."""
+    app = App(sdb)
+    calls: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    @app.job("outbox", retry=FAST)
+    def outbox(job: homing.Job, ctx: JobContext) -> None:
+        attempt = ctx.attempt
+
+        def write(tx: homing.Transaction) -> None:
+            _effect_via(tx, job.id, attempt)
+            with lock:
+                calls[job.id] += 1
+                fail = job.args["i"] % 7 == 0 and calls[job.id] <= 2
+            if fail:  # twice: the batch's fallback tries it alone once more
+                raise RuntimeError("the outbox insert failed")  # after a write: undone
+
+        ctx.on_complete(write)
+
+    handles = sdb.insert_many([("outbox", {"i": i}) for i in range(50)])
+    worker = run_until(
+        app, sdb, lambda: all(sdb.details(h).state == "done" for h in handles), concurrency=8
+    )
+    assert effects(sdb) == Counter({h: 1 for h in handles})  # the failed writes were undone
+    attempts = {h: sdb.details(h).attempts for h in handles}
+    failing = {h for i, h in enumerate(handles) if i % 7 == 0}
+    assert all(attempts[h] >= 2 for h in failing) and worker.stats.retried >= len(failing) == 8
+    assert all(attempts[h] == 1 for h in handles if h not in failing)
+    sdb.insert("other", None)
+    job = sdb.grab("other", lock_for=5)
+    assert job is not None
+    with pytest.raises(homing.InvalidArgument, match="callable"):
+        JobContext(worker, job, app.handler("outbox")).on_complete(3)  # type: ignore[arg-type]
+
+
+def test_on_complete_writes_are_dropped_with_a_lost_lease(
+    sdb: homing.Database, open_db: Any
+) -> None:
+    """A job whose lease was taken over is not completed, and its on_complete writes are
+    not kept either (the fencing covers them)."""
+    from homing.worker.runtime import JobContext as Ctx
+    from homing.worker.runtime import _Outcome
+
+    app = App(sdb)
+
+    @app.job("n")
+    def n(job: homing.Job, ctx: JobContext) -> None:
+        pass
+
+    worker = app.worker(db=sdb)  # not started: its completer is driven by hand
+    sdb.insert_many([("n", i) for i in range(3)])
+    jobs = sdb.grab_many("n", lock_for=0.2, limit=3)
+    time.sleep(0.3)
+    stolen = open_db().grab("n", lock_for=30)
+    assert stolen is not None
+    contexts = [Ctx(worker, j, app.handler("n")) for j in jobs]
+    for ctx in contexts:
+        ctx.phase = "running"
+        worker._held[ctx.job.id] = ctx
+        ctx.on_complete(lambda tx, job_id=ctx.job.id: _effect_via(tx, job_id, 0))
+    worker._inflight = worker._active = 3
+    worker._write([_Outcome(ctx, "complete") for ctx in contexts])
+    assert worker.stats.done == 2 and worker.stats.lease_lost == 1
+    assert effects(sdb) == Counter({j.id: 1 for j in jobs if j.handle != stolen.handle})

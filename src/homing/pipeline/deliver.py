@@ -5,7 +5,8 @@ permanently, anything else retries less and less (5 minutes doubling up to 4 hou
 up at 4.5 days; ``--retry-scale`` shrinks that clock for a demo run); the SMTP server drops
 repeats by the job id (``X-Homing-Id``). Webhooks and IM go through ``homing.http``'s
 reliable sender: the handler stores the request in the outbox *in the transaction that
-completes the job* (a transactional outbox), and the dispatcher running in each worker
+completes the job* (a transactional outbox; ``ctx.on_complete`` batches it with other
+jobs' completions in one commit), and the dispatcher running in each worker
 process delivers it until the receiver's durable inbox acknowledges it (see
 docs/pipeline.md and docs/http.md).
 
@@ -121,8 +122,8 @@ def make_app(
         if args["channel"] == "email":
             channels.send_email(job.id, args)
         else:
-            body = {**args, "notification_id": job.id}
-            sender.enqueue("send", hooks + args["channel"], body, tx=ctx.transaction)
+            url, body = hooks + args["channel"], {**args, "notification_id": job.id}
+            ctx.on_complete(lambda tx: sender.enqueue("send", url, body, tx=tx))
 
     return app, sender
 

@@ -93,6 +93,7 @@ class JobContext:
         self._stack: ExitStack | None = None
         self._tx: Transaction | None = None
         self._children: list[JobSpec | tuple[str, Any]] | None = None
+        self._on_complete: list[Callable[[Transaction], Any]] = []
         self._lost = threading.Event()
         self._lost_reason = ""
         self._runner_ident: int | None = None
@@ -184,6 +185,25 @@ class JobContext:
         else:
             stack.__exit__(type(exc), exc, exc.__traceback__)
 
+    def on_complete(self, write: Callable[[Transaction], Any]) -> None:
+        """Run ``write(tx)`` in the transaction that records this job's completion.
+
+        Its writes commit if and only if the job is completed: not if the handler fails
+        afterwards, not if the lease was lost meanwhile. Unlike ``ctx.transaction``, which
+        commits each job on its own and (on SQLite) holds the write lock while the handler
+        runs, these writes are batched with other jobs' completions in one commit: the
+        transactional outbox at the disk's group-commit rate (for example
+        ``ctx.on_complete(lambda tx: sender.enqueue("send", url, body, tx=tx))``). Keep
+        ``write`` short and free of network calls; if it raises, the job is retried (or
+        failed) by its retry policy and nothing it wrote is kept."""
+        if not callable(write):
+            raise InvalidArgument(f"on_complete takes a callable write(tx), got {write!r}")
+        self._on_complete.append(write)
+
+    def _run_on_complete(self, tx: Transaction) -> None:
+        for write in self._on_complete:
+            write(tx)
+
     # -- fan-out ---------------------------------------------------------------------------
     def replace(self, jobs: Iterable[JobSpec | tuple[str, Any]]) -> None:
         """Replace this job with ``jobs`` when the handler returns: the job is marked done
@@ -193,6 +213,10 @@ class JobContext:
             raise InvalidState(f"job {self.job.handle} was already replaced; call replace once")
         children = list(jobs)
         self._children = children
+
+
+class _OnCompleteFailed(Exception):
+    """An ``on_complete`` write raised inside a batch: the batch is written job by job."""
 
 
 @dataclass
@@ -646,6 +670,7 @@ class Worker:
                 failpoint("worker.in_replace")
             else:
                 tx.complete(job)
+            ctx._run_on_complete(tx)
         except BaseException as exc:  # rolled back, then recorded
             self._rollback(ctx, exc)
             return exc
@@ -731,8 +756,11 @@ class Worker:
         try:
             try:
                 self._write_batch(items, bulk=True)
-            except (StaleLease, InvalidState, JobNotFound):
-                self._write_batch(items, bulk=False)
+            except (StaleLease, InvalidState, JobNotFound, _OnCompleteFailed):
+                if any(o.ctx._on_complete for o in items):
+                    items[:] = [self._write_alone(o) for o in items]
+                else:
+                    self._write_batch(items, bulk=False)
         except Exception as exc:  # nothing was written; leases will expire
             for o in items:
                 self._done(
@@ -755,6 +783,12 @@ class Worker:
             completions = [o.ctx.job for o in items if o.action == "complete"]
             if bulk and completions:
                 tx.complete_many(completions)
+                for o in items:
+                    if o.action == "complete" and o.ctx._on_complete:
+                        try:
+                            o.ctx._run_on_complete(tx)
+                        except Exception as exc:  # roll back; written one by one instead
+                            raise _OnCompleteFailed(str(exc)) from exc
             for o in items:
                 try:
                     if o.action == "complete":
@@ -766,6 +800,37 @@ class Worker:
                         tx.perm_fail(o.ctx.job, o.message)
                 except (StaleLease, InvalidState, JobNotFound) as exc:
                     o.result = exc
+
+    def _write_alone(self, o: _Outcome) -> _Outcome:
+        """One outcome in its own transaction (the fallback when a batch was refused). A
+        completion whose ``on_complete`` writes raise becomes that job's failure."""
+        o.result = None
+        try:
+            with self._transaction_for(o.ctx.job) as tx:
+                if o.action == "complete":
+                    tx.complete(o.ctx.job)
+                    o.ctx._run_on_complete(tx)
+                elif o.action == "temp_fail":
+                    tx.temp_fail(o.ctx.job, o.message, retry_in=o.retry_in)
+                else:
+                    tx.perm_fail(o.ctx.job, o.message)
+            return o
+        except (StaleLease, InvalidState, JobNotFound) as exc:
+            o.result = exc
+            return o
+        except Exception as exc:
+            if o.action != "complete":
+                raise
+            failure = self._failure(o.ctx, exc)
+            with self._transaction_for(o.ctx.job) as tx:
+                try:
+                    if failure.action == "temp_fail":
+                        tx.temp_fail(o.ctx.job, failure.message, retry_in=failure.retry_in)
+                    else:
+                        tx.perm_fail(o.ctx.job, failure.message)
+                except (StaleLease, InvalidState, JobNotFound) as lost:
+                    failure.result = lost
+            return failure
 
     def _done(self, ctx: JobContext, outcome: str, **extra: Any) -> None:
         with self._slots:
