@@ -140,7 +140,7 @@ def test_the_check_sees_a_repeated_and_a_missing_effect(
     for note_id in (twice, twice, once):
         hooks.insert(HOOK_RECEIVED, {"run": run, "notification_id": note_id, "channel": "im"})
     expected = Expected(events=0, subscriptions=0, notifications=3, by_channel={}, bounces=0)
-    rec = _read_receipts(tmp_path / "no-smtp-log.jsonl", hooks, run)
+    rec = _read_receipts([tmp_path / "no-smtp-log.jsonl"], hooks, run)
     checks = _check(db, hooks, run, expected, rec)
     assert (checks["duplicated"], checks["lost"], checks["unexpected"]) == (1, 1, 0)
     assert rec["by_channel"] == {"im": 3}

@@ -208,27 +208,27 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def _read_receipts(path: Path, hooks: Database, run: str) -> dict[str, Any]:
+def _read_receipts(logs: list[Path], hooks: Database, run: str) -> dict[str, Any]:
     """Every delivery's effect, counted: emails from the SMTP server's receipt log, webhooks
-    and IM from the ``WebhookReceived`` rows in the webhook receiver's store."""
+    and IM from the ``WebhookReceived`` rows in the webhook receiver's store; refusals and
+    lost answers from both receivers' logs."""
     new: dict[str, int] = {}
     dups = temps = lost_acks = 0
     by_channel: dict[str, int] = {}
     first = last = None
-    if path.exists():
-        for line in path.read_text().splitlines():
-            rec = json.loads(line)
-            if rec["kind"] == "new":
-                new[rec["id"]] = new.get(rec["id"], 0) + 1
-                by_channel[rec["ch"]] = by_channel.get(rec["ch"], 0) + 1
-                first = rec["t"] if first is None else min(first, rec["t"])
-                last = rec["t"] if last is None else max(last, rec["t"])
-            elif rec["kind"] == "dup":
-                dups += 1
-            elif rec["kind"] == "temp":
-                temps += 1
-            elif rec["kind"] == "ack_lost":
-                lost_acks += 1
+    lines = (ln for p in logs if p.exists() for ln in p.read_text().splitlines())
+    for rec in map(json.loads, lines):
+        if rec["kind"] == "new":
+            new[rec["id"]] = new.get(rec["id"], 0) + 1
+            by_channel[rec["ch"]] = by_channel.get(rec["ch"], 0) + 1
+            first = rec["t"] if first is None else min(first, rec["t"])
+            last = rec["t"] if last is None else max(last, rec["t"])
+        elif rec["kind"] == "dup":
+            dups += 1
+        elif rec["kind"] == "temp":
+            temps += 1
+        elif rec["kind"] == "ack_lost":
+            lost_acks += 1
     with hooks.store.transaction(write=False) as tx:
         per_note = sq.run_arg_counts(tx, run, HOOK_RECEIVED, "notification_id")
         per_channel = sq.run_arg_counts(tx, run, HOOK_RECEIVED, "channel")
@@ -292,34 +292,28 @@ def run_pipeline(cfg: PipelineConfig, *, spark: Any = None, console: Any = None)
     report = Report(run=run, db=url, master=cfg.master, expected=expected)
 
     smtp_port, http_port = free_port(), free_port()
-    receipts = work / "receipts.jsonl"
+    logs = [work / "smtp-receipts.jsonl", work / "network.jsonl"]
     hooks = connect(f"sqlite:///{work / 'webhook-receiver.db'}")  # migrated before the sinks
     assert isinstance(hooks, Database)
-    sinks = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "homing.pipeline.sinks",
-            "--log",
-            str(receipts),
-            "--hooks-db",
-            hooks.url,
-            "--smtp-port",
-            str(smtp_port),
-            "--http-port",
-            str(http_port),
-            "--temp-pct",
-            str(cfg.temp_pct),
-        ],
-        stdout=(work / "sinks.log").open("ab"),
-        stderr=subprocess.STDOUT,
-        env=_child_env(),
-    )
+
+    def receiver(service: str, log: Path, port: int, *extra: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "homing.pipeline.sinks", service, "--log", str(log)]
+            + ["--port", str(port), "--temp-pct", str(cfg.temp_pct), *extra],
+            stdout=(work / f"{service}.log").open("ab"),
+            stderr=subprocess.STDOUT,
+            env=_child_env(),
+        )
+
+    sinks = [
+        receiver("smtp", logs[0], smtp_port),
+        receiver("hooks", logs[1], http_port, "--hooks-db", hooks.url),
+    ]
     fleet = Fleet(cfg, smtp_port, http_port, work)
     own_spark = spark is None
     try:
-        _wait_port(smtp_port, sinks)
-        _wait_port(http_port, sinks)
+        _wait_port(smtp_port, sinks[0])
+        _wait_port(http_port, sinks[1])
         fleet.start()
         db.insert_many(
             [
@@ -341,14 +335,16 @@ def run_pipeline(cfg: PipelineConfig, *, spark: Any = None, console: Any = None)
         )
     finally:
         fleet.stop()
-        sinks.send_signal(signal.SIGTERM)
-        try:
-            sinks.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            sinks.kill()
+        for proc in sinks:
+            proc.send_signal(signal.SIGTERM)
+        for proc in sinks:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
         if own_spark and spark is not None:
             spark.stop()
-    rec = _read_receipts(receipts, hooks, run)
+    rec = _read_receipts(logs, hooks, run)
     report.checks = _check(db, hooks, run, expected, rec)
     report.deliveries.update(_delivery_figures(rec, work))
     report.deliveries["workers_killed"] = fleet.killed

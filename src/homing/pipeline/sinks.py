@@ -1,7 +1,8 @@
 """Local receivers for the pipeline's deliveries: an SMTP server and a webhook receiver.
 
-Run as a process: ``python -m homing.pipeline.sinks --log FILE --hooks-db URL
---smtp-port P --http-port Q``.
+Each runs as its own process (a service of its own, with its own GIL):
+``python -m homing.pipeline.sinks smtp --log FILE --port P`` and
+``python -m homing.pipeline.sinks hooks --log FILE --hooks-db URL --port Q``.
 
 - SMTP (aiosmtpd): keeps a durable record of the message ids it accepted (the receipt log,
   one JSON line per receipt, reloaded on start) and drops repeats by ``X-Homing-Id``: a
@@ -199,41 +200,63 @@ async def _answer(send: Any, status: int, body: bytes, headers: list[tuple[bytes
     await send({"type": "http.response.body", "body": body})
 
 
-def serve(log: Path, hooks_db: str, smtp_port: int, http_port: int, temp_pct: int) -> None:
-    import uvicorn
+def serve_smtp(log: Path, port: int, temp_pct: int) -> None:
+    """The SMTP server until SIGTERM (its own process: its own GIL)."""
+    import signal
+    import threading
+
     from aiosmtpd.controller import Controller
 
     inbox = Inbox(log, temp_pct)
-    smtp = Controller(SmtpHandler(inbox), hostname="127.0.0.1", port=smtp_port)
+    smtp = Controller(SmtpHandler(inbox), hostname="127.0.0.1", port=port)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
     smtp.start()
+    try:
+        stop.wait()
+    finally:
+        smtp.stop()
+        inbox.file.close()
+
+
+def serve_hooks(log: Path, hooks_db: str, port: int, temp_pct: int) -> None:
+    """The webhook receiver behind the lossy network, served by uvicorn until SIGTERM."""
+    import uvicorn
+
+    network = Inbox(log, temp_pct)
     receiver = hook_receiver(hooks_db)
 
     def write_stats() -> None:
         log.with_name("webhook-receiver-stats.json").write_text(json.dumps(receiver.stats))
 
     config = uvicorn.Config(
-        LossyNetwork(receiver.app, inbox, on_shutdown=write_stats),
+        LossyNetwork(receiver.app, network, on_shutdown=write_stats),
         host="127.0.0.1",
-        port=http_port,
+        port=port,
         log_level="warning",
         access_log=False,
     )
     try:
         asyncio.run(uvicorn.Server(config).serve())
     finally:
-        smtp.stop()
-        inbox.file.close()
+        network.file.close()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--log", type=Path, required=True)
-    parser.add_argument("--hooks-db", required=True, help="store URL of the webhook receiver")
-    parser.add_argument("--smtp-port", type=int, required=True)
-    parser.add_argument("--http-port", type=int, required=True)
+    parser.add_argument("service", choices=("smtp", "hooks"), help="which receiver to run")
+    parser.add_argument("--log", type=Path, required=True, help="its receipt log (JSON lines)")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--hooks-db", help="store URL of the webhook receiver (hooks only)")
     parser.add_argument("--temp-pct", type=int, default=3)
     a = parser.parse_args()
-    serve(a.log, a.hooks_db, a.smtp_port, a.http_port, a.temp_pct)
+    if a.service == "smtp":
+        serve_smtp(a.log, a.port, a.temp_pct)
+    elif not a.hooks_db:
+        parser.error("hooks needs --hooks-db")
+    else:
+        serve_hooks(a.log, a.hooks_db, a.port, a.temp_pct)
 
 
 if __name__ == "__main__":
