@@ -10,6 +10,7 @@ import json
 import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -73,6 +74,7 @@ class Pair:
     strict: str  # a receiver on the same store with no allowed hosts and max_body 1024
     reply_url: str  # the sender's reply node
     calls: dict[str, int]
+    receivers: tuple[Receiver, ...] = ()  # every receiver serving ``rdb``
 
     def sender(self, **kw: Any) -> Sender:
         kw.setdefault("allowed_hosts", LOCAL)
@@ -124,7 +126,16 @@ def pair(
             serve_in_thread(strict.app) as strict_base,
             serve_in_thread(sender_side.app) as sbase,
         ):
-            yield Pair(sdb, rdb, receiver, base, strict_base, sbase + "/_homing/reply", calls)
+            yield Pair(
+                sdb,
+                rdb,
+                receiver,
+                base,
+                strict_base,
+                sbase + "/_homing/reply",
+                calls,
+                (receiver, strict),
+            )
     finally:
         sdb.close()
         rdb.close()
@@ -430,3 +441,29 @@ def test_a_job_whose_result_comes_after_the_deadline_raises_and_gc_forgets(pair:
     before = inbox_size(pair.rdb)
     out, inn = gc(pair.rdb, older_than=-60)  # everything is "old": handled ids go
     assert inn > 0 and inbox_size(pair.rdb) == before - inn
+
+
+def test_send_messages_are_handled_in_batches_and_a_failing_one_alone(pair: Pair) -> None:
+    """Option-2 messages are handled many per transaction, each handler in a savepoint: a
+    handler that writes and then raises undoes only its own writes, the rest of its batch
+    commits, and it is retried alone until it succeeds: every effect exactly once."""
+    failures: dict[int, int] = {}
+
+    def flaky(body: Any, tx: homing.Transaction) -> None:
+        n = int(body["n"])
+        tx.tx.execute("INSERT INTO effects (k, msg) VALUES (?, ?)", (f"flaky-{n}", "x"))
+        if n % 5 == 0 and failures.get(n, 0) < 2:
+            failures[n] = failures.get(n, 0) + 1
+            raise RuntimeError("flaky handler")  # after its write: the write must go
+
+    for receiver in pair.receivers:  # both work loops on this store may pick a message up
+        receiver.add_node("/flaky", flaky)
+    with pair.sender() as sender:
+        with pair.sdb.transaction() as t:
+            pending = [sender.send(pair.base + "/flaky", {"n": n}, tx=t) for n in range(40)]
+        for p in pending:
+            p.wait(30)
+    assert eventually(lambda: len(pair.effects_of("flaky-")) >= 40)
+    assert eventually(lambda: all(failures.get(n) == 2 for n in range(0, 40, 5)))
+    time.sleep(0.3)  # a repeated effect would show up now
+    assert Counter(pair.effects_of("flaky-")) == Counter(f"flaky-{n}" for n in range(40))

@@ -9,8 +9,8 @@ translates them. Values always travel as bound parameters, never inside the SQL 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from homing.clock import Clock
@@ -66,6 +66,20 @@ class Tx:
     def call_after_commit(self, fn: Any) -> None:
         """Run ``fn()`` once this transaction has committed (never if it rolls back)."""
         self._after_commit.append(fn)
+
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """A nested unit of this transaction: if the block raises, its statements are undone
+        (the exception propagates) and the transaction stays usable, on PostgreSQL too.
+        Callbacks registered inside with ``call_after_commit`` still run on commit."""
+        self.execute("SAVEPOINT homing_unit")
+        try:
+            yield
+        except BaseException:
+            self.execute("ROLLBACK TO SAVEPOINT homing_unit")
+            self.execute("RELEASE SAVEPOINT homing_unit")
+            raise
+        self.execute("RELEASE SAVEPOINT homing_unit")
 
 
 @runtime_checkable
