@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from typing import Any
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -18,15 +19,23 @@ import homing.spark
 
 def main() -> None:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = (
+        SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false").getOrCreate()
+    )
+    try:
+        print(fan_out(spark))  # {'FiredEvent': (0, 1), 'ProcessSubscription': (1000, 0)}
+    finally:
+        spark.stop()
+
+
+def fan_out(spark: Any) -> dict[str, tuple[int, int]]:
+    """The example on a given SparkSession; returns (ready, done) per job type."""
     url = f"sqlite:///{tempfile.mkdtemp()}/example.db"  # absolute path: executors use it too
     db = homing.connect(url)
     db.insert("FiredEvent", {"event_id": 1, "topic": 7})
     event = db.grab("FiredEvent", lock_for=600)
     assert event is not None
 
-    spark = (
-        SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false").getOrCreate()
-    )
     homing.spark.register(spark)
     parents = (
         spark.read.format("homing")
@@ -47,8 +56,9 @@ def main() -> None:
         parents=1,
         keyColumns="parent_id,subscriber_id",
     )
-    print({r["type"]: (r["ready"], r["done"]) for r in db.stats()})  # 1000 ready, 1 done
-    spark.stop()
+    stats = {r["type"]: (r["ready"], r["done"]) for r in db.stats()}
+    db.close()
+    return stats
 
 
 if __name__ == "__main__":

@@ -273,3 +273,11 @@ def test_stream_to_stream_copy_is_exactly_once(
     with db.store.transaction() as tx:
         rows = tx.query("SELECT sink, label FROM homing_spark_commits ORDER BY commit_no")
     assert len(rows) == 3 and {r[0] for r in rows} == {"copier"}
+
+
+def test_the_replace_example_runs(spark: Any) -> None:
+    """examples/pipeline_replace.py, on the session's Spark: 1 event -> 1,000 children."""
+    import runpy
+
+    example = runpy.run_path(str(HERE.parent / "examples" / "pipeline_replace.py"))
+    assert example["fan_out"](spark) == {"FiredEvent": (0, 1), "ProcessSubscription": (1000, 0)}
