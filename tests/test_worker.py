@@ -449,12 +449,12 @@ def test_a_sharded_store_runs_each_job_in_its_shard(sharded: homing.ShardedDatab
     assert {sharded.details(h).state for h in handles + noops} == {"done"}
 
 
-def test_a_stale_lease_in_a_batch_of_outcomes_does_not_sink_the_others(
+def _three_held_one_stolen(
     sdb: homing.Database, open_db: Any
-) -> None:
-    """The completer writes outcomes in bulk; one refused completion must not undo the rest."""
+) -> tuple[Worker, list[homing.Job], list[JobContext], homing.Job]:
+    """A worker (not started: its completer is driven by hand) holding three running jobs,
+    one of whose expired leases another worker has taken over meanwhile."""
     from homing.worker.runtime import JobContext as Ctx
-    from homing.worker.runtime import _Outcome
 
     app = App(sdb)
 
@@ -462,7 +462,7 @@ def test_a_stale_lease_in_a_batch_of_outcomes_does_not_sink_the_others(
     def n(job: homing.Job, ctx: JobContext) -> None:
         pass
 
-    worker = app.worker(db=sdb)  # not started: its completer is driven by hand
+    worker = app.worker(db=sdb)
     sdb.insert_many([("n", i) for i in range(3)])
     jobs = sdb.grab_many("n", lock_for=0.2, limit=3)
     time.sleep(0.3)
@@ -473,6 +473,16 @@ def test_a_stale_lease_in_a_batch_of_outcomes_does_not_sink_the_others(
         ctx.phase = "running"
         worker._held[ctx.job.id] = ctx
     worker._inflight = worker._active = 3
+    return worker, jobs, contexts, stolen
+
+
+def test_a_stale_lease_in_a_batch_of_outcomes_does_not_sink_the_others(
+    sdb: homing.Database, open_db: Any
+) -> None:
+    """The completer writes outcomes in bulk; one refused completion must not undo the rest."""
+    from homing.worker.runtime import _Outcome
+
+    worker, jobs, contexts, stolen = _three_held_one_stolen(sdb, open_db)
     worker._write([_Outcome(ctx, "complete") for ctx in contexts])
     assert worker.stats.done == 2 and worker.stats.lease_lost == 1
     states = {j.handle: sdb.details(j.handle).state for j in jobs}
@@ -531,27 +541,11 @@ def test_on_complete_writes_are_dropped_with_a_lost_lease(
 ) -> None:
     """A job whose lease was taken over is not completed, and its on_complete writes are
     not kept either (the fencing covers them)."""
-    from homing.worker.runtime import JobContext as Ctx
     from homing.worker.runtime import _Outcome
 
-    app = App(sdb)
-
-    @app.job("n")
-    def n(job: homing.Job, ctx: JobContext) -> None:
-        pass
-
-    worker = app.worker(db=sdb)  # not started: its completer is driven by hand
-    sdb.insert_many([("n", i) for i in range(3)])
-    jobs = sdb.grab_many("n", lock_for=0.2, limit=3)
-    time.sleep(0.3)
-    stolen = open_db().grab("n", lock_for=30)
-    assert stolen is not None
-    contexts = [Ctx(worker, j, app.handler("n")) for j in jobs]
+    worker, jobs, contexts, stolen = _three_held_one_stolen(sdb, open_db)
     for ctx in contexts:
-        ctx.phase = "running"
-        worker._held[ctx.job.id] = ctx
         ctx.on_complete(lambda tx, job_id=ctx.job.id: _effect_via(tx, job_id, 0))
-    worker._inflight = worker._active = 3
     worker._write([_Outcome(ctx, "complete") for ctx in contexts])
     assert worker.stats.done == 2 and worker.stats.lease_lost == 1
     assert effects(sdb) == Counter({j.id: 1 for j in jobs if j.handle != stolen.handle})

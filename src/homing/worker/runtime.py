@@ -230,6 +230,16 @@ class _Outcome:
     result: BaseException | None = field(default=None)
 
 
+def _record(tx: Transaction, o: _Outcome) -> None:
+    """Write one outcome (complete, temp_fail or perm_fail) of a job in ``tx``."""
+    if o.action == "complete":
+        tx.complete(o.ctx.job)
+    elif o.action == "temp_fail":
+        tx.temp_fail(o.ctx.job, o.message, retry_in=o.retry_in)
+    else:
+        tx.perm_fail(o.ctx.job, o.message)
+
+
 @dataclass
 class WorkerStats:
     """Counts of job outcomes since the worker started."""
@@ -790,14 +800,10 @@ class Worker:
                         except Exception as exc:  # roll back; written one by one instead
                             raise _OnCompleteFailed(str(exc)) from exc
             for o in items:
+                if bulk and o.action == "complete":
+                    continue
                 try:
-                    if o.action == "complete":
-                        if not bulk:
-                            tx.complete(o.ctx.job)
-                    elif o.action == "temp_fail":
-                        tx.temp_fail(o.ctx.job, o.message, retry_in=o.retry_in)
-                    else:
-                        tx.perm_fail(o.ctx.job, o.message)
+                    _record(tx, o)
                 except (StaleLease, InvalidState, JobNotFound) as exc:
                     o.result = exc
 
@@ -807,13 +813,9 @@ class Worker:
         o.result = None
         try:
             with self._transaction_for(o.ctx.job) as tx:
+                _record(tx, o)
                 if o.action == "complete":
-                    tx.complete(o.ctx.job)
                     o.ctx._run_on_complete(tx)
-                elif o.action == "temp_fail":
-                    tx.temp_fail(o.ctx.job, o.message, retry_in=o.retry_in)
-                else:
-                    tx.perm_fail(o.ctx.job, o.message)
             return o
         except (StaleLease, InvalidState, JobNotFound) as exc:
             o.result = exc
@@ -822,14 +824,11 @@ class Worker:
             if o.action != "complete":
                 raise
             failure = self._failure(o.ctx, exc)
-            with self._transaction_for(o.ctx.job) as tx:
-                try:
-                    if failure.action == "temp_fail":
-                        tx.temp_fail(o.ctx.job, failure.message, retry_in=failure.retry_in)
-                    else:
-                        tx.perm_fail(o.ctx.job, failure.message)
-                except (StaleLease, InvalidState, JobNotFound) as lost:
-                    failure.result = lost
+            try:
+                with self._transaction_for(o.ctx.job) as tx:
+                    _record(tx, failure)
+            except (StaleLease, InvalidState, JobNotFound) as lost:
+                failure.result = lost
             return failure
 
     def _done(self, ctx: JobContext, outcome: str, **extra: Any) -> None:
