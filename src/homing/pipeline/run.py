@@ -154,6 +154,10 @@ class Fleet:
             str(cfg.lock_for),
             "--retry-scale",
             str(cfg.retry_scale),
+            # messages may wait in this run's backlog longer than the compressed
+            # "4.5 days": give up no earlier than the run's own timeout
+            "--give-up-after",
+            str(max(4.5 * 86400 * cfg.retry_scale, cfg.timeout)),
         ]
         self.logs = logs
         self.procs: list[subprocess.Popen[bytes]] = []
