@@ -26,9 +26,15 @@ def pipeline() -> None:
     "--retry-scale",
     default=1 / 600,
     show_default=True,
-    help="Multiply the SMTP retry schedule (5 min .. 4.5 days) by this; 1 = real time.",
+    help="Multiply the SMTP retry schedule (5 min .. 4.5 days) by this; 1 = real time. "
+    "Giving up never comes before --timeout.",
 )
-@click.option("--temp-pct", default=3, show_default=True, help="%% of first attempts refused 4xx.")
+@click.option(
+    "--temp-pct",
+    default=3,
+    show_default=True,
+    help="% of first attempts refused (SMTP 451, HTTP 503), and % of webhook answers lost.",
+)
 @click.option("--chunk", default=20_000, show_default=True, help="Parents per Spark replace.")
 @click.option(
     "--data-dir",
@@ -37,7 +43,12 @@ def pipeline() -> None:
     type=click.Path(path_type=Path),
     help="Where the subscriptions tables and receipt logs go.",
 )
-@click.option("--timeout", default=1800.0, show_default=True, help="Give up after seconds.")
+@click.option(
+    "--timeout",
+    default=1800.0,
+    show_default=True,
+    help="Fail the run if deliveries are not done this many seconds after the Spark stages.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON too.")
 @click.pass_context
 def run(
