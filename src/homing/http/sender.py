@@ -290,13 +290,7 @@ class Sender:
                 done, result = self.poll(msg_id)
                 if done:
                     return result
-                left = POLL_S if end is None else min(POLL_S, end - time.monotonic())
-                if left <= 0:
-                    raise TimeoutError(
-                        f"message {msg_id} is not delivered yet after {timeout}s; it stays in "
-                        "the outbox and is still retried: wait again with Sender.wait(id)"
-                    )
-                event.wait(left)
+                event.wait(_poll_interval(msg_id, end, timeout))
                 event.clear()
         finally:
             waiters.remove(msg_id, event.set)
@@ -315,19 +309,24 @@ class Sender:
                 done, result = await asyncio.to_thread(self.poll, msg_id)
                 if done:
                     return result
-                left = POLL_S if end is None else min(POLL_S, end - time.monotonic())
-                if left <= 0:
-                    raise TimeoutError(
-                        f"message {msg_id} is not delivered yet after {timeout}s; it stays in "
-                        "the outbox and is still retried"
-                    )
                 try:
-                    await asyncio.wait_for(event.wait(), left)
+                    await asyncio.wait_for(event.wait(), _poll_interval(msg_id, end, timeout))
                 except TimeoutError:
                     pass
                 event.clear()
         finally:
             waiters.remove(msg_id, wake)
+
+
+def _poll_interval(msg_id: str, end: float | None, timeout: float | None) -> float:
+    """How long to wait for a wake-up before polling again; TimeoutError once ``end`` passed."""
+    left = POLL_S if end is None else min(POLL_S, end - time.monotonic())
+    if left <= 0:
+        raise TimeoutError(
+            f"message {msg_id} is not delivered yet after {timeout}s; it stays in the outbox "
+            "and is still retried: wait again with Sender.wait(id)"
+        )
+    return left
 
 
 class AsyncSender:

@@ -162,15 +162,10 @@ class PostgresStore:
         if current is not None:
             yield current
             return
-        try:
-            with self.pool.connection(timeout=60) as conn, conn.transaction():
-                tx = Tx(conn, "postgres", self)
-                with self._slot.bind(tx):
-                    yield tx
-        except PoolTimeout as exc:
-            raise StoreUnavailable(
-                f"no PostgreSQL connection free within 60s ({_redact(self.conninfo)})"
-            ) from exc
+        with self._connection() as conn, conn.transaction():
+            tx = Tx(conn, "postgres", self)
+            with self._slot.bind(tx):
+                yield tx
         run_after_commit(tx)
 
     @contextmanager
@@ -182,11 +177,17 @@ class PostgresStore:
         if current is not None:
             yield current
             return
+        with self._connection() as conn:
+            tx = Tx(conn, "postgres", self)
+            with self._slot.bind(tx):
+                yield tx
+
+    @contextmanager
+    def _connection(self) -> Iterator[Any]:
+        """A pooled connection; an exhausted pool is ``StoreUnavailable``, not a hang."""
         try:
             with self.pool.connection(timeout=60) as conn:
-                tx = Tx(conn, "postgres", self)
-                with self._slot.bind(tx):
-                    yield tx
+                yield conn
         except PoolTimeout as exc:
             raise StoreUnavailable(
                 f"no PostgreSQL connection free within 60s ({_redact(self.conninfo)})"
