@@ -417,7 +417,10 @@ class Session:
         session may forget them. All or nothing: an id whose reply this client never
         dequeued raises ``NotDequeued`` and nothing changes. Returns how many were forgotten.
         """
-        ids = check_ids(list(request_ids) if not isinstance(request_ids, str) else request_ids)
+        given: Any = request_ids
+        if isinstance(given, Iterable) and not isinstance(given, str | bytes | dict):
+            given = list(given)  # a generator, a dict view... (None, 3, a dict: refused below)
+        ids = check_ids(given)
         with self._store.transaction() as tx:
             self._lock(tx)
             rows = {str(r["id"]): r for r in q.get_requests(tx, ids)}
