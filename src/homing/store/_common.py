@@ -49,8 +49,3 @@ class TxSlot:
             yield tx
         finally:
             self._var.reset(token)
-
-
-def run_after_commit(tx: Tx) -> None:
-    for fn in tx._after_commit:
-        fn()

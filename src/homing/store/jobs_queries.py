@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import re
+import time
+import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from homing.errors import InvalidFilter
+from homing.store.dialect import GrabRequest, SqlDialect
 from homing.store.protocol import Tx
 
 JOB_COLUMNS = (
@@ -49,84 +51,46 @@ class NewJob:
 
 def _row(tx: Tx, values: Sequence[Any]) -> dict[str, Any]:
     row = dict(zip(JOB_COLUMNS, values, strict=False))
-    if isinstance(row["args"], str) and tx.dialect == "sqlite":
-        row["args"] = json.loads(row["args"])
+    row["args"] = tx.sql.load_json(row["args"])
     return row
 
 
 # -- insert ------------------------------------------------------------------------------
+JOBS_CHANNEL = "homing_jobs"
+
+
 def insert_jobs(tx: Tx, jobs: Sequence[NewJob]) -> list[str]:
     """Insert jobs; a job whose id or unique_key exists already is not inserted and the
     existing job's id is returned in its place. Returns ids in input order."""
     if not jobs:
         return []
-    if tx.dialect == "postgres":
-        # One statement for the whole batch: arrays unnested server-side.
-        tx.execute(
-            "WITH ins AS (INSERT INTO homing_jobs (id, type, args, priority, state, run_at, "
-            "available_at, unique_key, parent_id, created_at) "
-            "SELECT id, type, args::jsonb, priority, 'ready', run_at, run_at, unique_key, "
-            "parent_id, created_at FROM unnest(?::text[], ?::text[], ?::text[], ?::int[], "
-            "?::float8[], ?::text[], ?::text[], ?::float8[]) "
-            "AS t(id, type, args, priority, run_at, unique_key, parent_id, created_at) "
-            "ON CONFLICT DO NOTHING RETURNING 1) "
-            # the wake-up rides in the same statement, only when something was inserted
-            "SELECT pg_notify(?, '') WHERE EXISTS (SELECT 1 FROM ins)",
+    tx.sql.insert_jobs(
+        tx,
+        [
             (
-                [j.id for j in jobs],
-                [j.type for j in jobs],
-                [j.args_json for j in jobs],
-                [j.priority for j in jobs],
-                [j.run_at for j in jobs],
-                [j.unique_key for j in jobs],
-                [j.parent_id for j in jobs],
-                [j.created_at for j in jobs],
-                notify_channel(tx),
-            ),
-        )
-    else:
-        tx.executemany(
-            "INSERT INTO homing_jobs (id, type, args, priority, state, run_at, available_at, "
-            "unique_key, parent_id, created_at) VALUES (?, ?, ?, ?, 'ready', ?, ?, ?, ?, ?) "
-            "ON CONFLICT DO NOTHING",
-            [
-                (
-                    j.id,
-                    j.type,
-                    j.args_json,
-                    j.priority,
-                    j.run_at,
-                    j.run_at,
-                    j.unique_key,
-                    j.parent_id,
-                    j.created_at,
-                )
-                for j in jobs
-            ],
-        )
+                j.id,
+                j.type,
+                j.args_json,
+                j.priority,
+                j.run_at,
+                j.unique_key,
+                j.parent_id,
+                j.created_at,
+            )
+            for j in jobs
+        ],
+        JOBS_CHANNEL,
+    )
     ids = [j.id for j in jobs]
     keys = list({j.unique_key for j in jobs if j.unique_key is not None})
     if keys:
         owner: dict[str, str] = {}
         for start in range(0, len(keys), 500):
-            chunk = keys[start : start + 500]
-            if tx.dialect == "postgres":
-                rows = tx.query(
-                    "SELECT unique_key, id FROM homing_jobs WHERE unique_key = ANY(?)", (chunk,)
-                )
-            else:
-                marks = ", ".join("?" for _ in chunk)
-                rows = tx.query(
-                    f"SELECT unique_key, id FROM homing_jobs WHERE unique_key IN ({marks})", chunk
-                )
+            clause, params = tx.sql.in_list("unique_key", keys[start : start + 500])
+            rows = tx.query(f"SELECT unique_key, id FROM homing_jobs WHERE {clause}", params)
             owner.update({str(k): str(i) for k, i in rows})
         ids = [owner.get(j.unique_key, j.id) if j.unique_key else j.id for j in jobs]
     return ids
-
-
-def notify_channel(tx: Tx) -> str:
-    schema = getattr(tx.store, "schema", None)
-    return f"{schema}_homing_jobs" if schema else "homing_jobs"
 
 
 # -- grab --------------------------------------------------------------------------------
@@ -167,50 +131,7 @@ def _path(key: Any) -> list[str]:
     return segments
 
 
-def _eq_clause(dialect: str, path: list[str], value: Any) -> tuple[str, list[Any]]:
-    if dialect == "postgres":
-        return "args #> ? = ?::jsonb", [path, json.dumps(value)]
-    jpath = "$" + "".join(f'."{s}"' for s in path)
-    if value is None:
-        return "json_type(args, ?) = 'null'", [jpath]
-    if isinstance(value, bool):
-        return "json_type(args, ?) = ?", [jpath, "true" if value else "false"]
-    if isinstance(value, str):
-        return "(json_type(args, ?) = 'text' AND json_extract(args, ?) = ?)", [jpath, jpath, value]
-    return (
-        "(json_type(args, ?) IN ('integer', 'real') AND json_extract(args, ?) = ?)",
-        [jpath, jpath, value],
-    )
-
-
-def _cmp_clause(
-    dialect: str, key: str, path: list[str], op: str, value: Any
-) -> tuple[str, list[Any]]:
-    sql_op = _COMPARISONS[op]
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise InvalidFilter(f"where[{key!r}]: {op} compares numbers or strings, not {value!r}")
-    is_text = isinstance(value, str)
-    if dialect == "postgres":
-        if is_text:
-            return (
-                f"(CASE WHEN jsonb_typeof(args #> ?) = 'string' "
-                f'THEN (args #>> ?) COLLATE "C" {sql_op} ? ELSE false END)',
-                [path, path, value],
-            )
-        return (
-            f"(CASE WHEN jsonb_typeof(args #> ?) = 'number' "
-            f"THEN (args #>> ?)::numeric {sql_op} ?::numeric ELSE false END)",
-            [path, path, value],
-        )
-    jpath = "$" + "".join(f'."{s}"' for s in path)
-    types = "('text')" if is_text else "('integer', 'real')"
-    return (
-        f"(json_type(args, ?) IN {types} AND json_extract(args, ?) {sql_op} ?)",
-        [jpath, jpath, value],
-    )
-
-
-def compile_where(dialect: str, where: Mapping[str, Any]) -> tuple[str, list[Any]]:
+def compile_where(sql: SqlDialect, where: Mapping[str, Any]) -> tuple[str, list[Any]]:
     """Translate a search filter over the JSON args into SQL with bound parameters.
 
     ``{"user": 5}`` is equality; ``{"n": {"$gte": 3, "$lt": 9}}``, ``{"c": {"$in": [..]}}``
@@ -245,20 +166,19 @@ def compile_where(dialect: str, where: Mapping[str, Any]) -> tuple[str, list[Any
                     )
                 for v in value:
                     _check_scalar(key, v)
-                if dialect == "postgres":
-                    clauses.append("args #> ? = ANY(?::jsonb[])")
-                    params += [path, [json.dumps(v) for v in value]]
-                else:
-                    parts = [_eq_clause(dialect, path, v) for v in value]
-                    clauses.append("(" + " OR ".join(p[0] for p in parts) + ")")
-                    for p in parts:
-                        params += p[1]
+                clause, more = sql.json_in(path, value)
+                clauses.append(clause)
+                params += more
                 continue
             _check_scalar(key, value)
             if op == "$eq":
-                clause, more = _eq_clause(dialect, path, value)
+                clause, more = sql.json_eq(path, value)
             else:
-                clause, more = _cmp_clause(dialect, key, path, op, value)
+                if isinstance(value, bool) or not isinstance(value, int | float | str):
+                    raise InvalidFilter(
+                        f"where[{key!r}]: {op} compares numbers or strings, not {value!r}"
+                    )
+                clause, more = sql.json_cmp(path, _COMPARISONS[op], value)
             clauses.append(clause)
             params += more
     return " AND ".join(clauses), params
@@ -273,6 +193,55 @@ class Lease:
     worker: str
 
 
+class ExpiryMarks:
+    """Per store and set of types: leases that expired before the mark were looked for
+    already, so the next search for expired leases reads only the index entries after it.
+
+    PostgreSQL leaves the index entries of finished jobs in place until VACUUM; a search
+    for "lease_expires_at <= now" from the start of the index would walk all of them on
+    every empty grab. A search from the mark reads only what expired since the previous
+    one. Anything a search could not take (the limit was reached) keeps the mark where it
+    was; a full search every ``full_every`` seconds (and after the clock stepped back)
+    catches what a skipped row lock or another process's skewed clock might hide.
+    """
+
+    margin = 1.0
+    full_every = 10.0
+
+    def __init__(self) -> None:
+        self._marks: dict[tuple[str, ...], tuple[float, float]] = {}
+
+    def start(self, types: tuple[str, ...], now: float) -> float | None:
+        mark = self._marks.get(types)
+        if mark is None:
+            return None
+        low, full_at = mark
+        if time.monotonic() >= full_at or low > now:
+            return None
+        return low
+
+    def advance(self, types: tuple[str, ...], now: float, low: float | None, filled: bool) -> None:
+        mark = self._marks.get(types)
+        full_at = time.monotonic() + self.full_every if low is None or mark is None else mark[1]
+        if filled:  # more may be waiting below now: search from the same place next time
+            if low is not None:
+                self._marks[types] = (low, full_at)
+            return
+        self._marks[types] = (now - self.margin, full_at)
+
+
+_EXPIRY_MARKS: weakref.WeakKeyDictionary[Any, ExpiryMarks] = weakref.WeakKeyDictionary()
+
+
+def _expiry_marks(store: Any) -> ExpiryMarks | None:
+    if store.capabilities.concurrent_writers is False:  # no dead index entries to skip
+        return None
+    marks = _EXPIRY_MARKS.get(store)
+    if marks is None:
+        marks = _EXPIRY_MARKS[store] = ExpiryMarks()
+    return marks
+
+
 def grab_jobs(
     tx: Tx,
     types: Sequence[str],
@@ -285,102 +254,38 @@ def grab_jobs(
     """Lease up to ``limit`` available jobs of ``types`` to one holder, atomically.
 
     A job is available when ready and due, or running with an expired lease, and not staged
-    in an uncommitted batch. Jobs of committed batches are taken after ordinary ones of the
-    same call. A job taken over from an expired lease gets a ``lease_expired`` history entry.
+    in an uncommitted batch; the best priority goes first. Jobs of committed batches fill
+    what is left. A job taken over from an expired lease gets a ``lease_expired`` history
+    entry.
     """
     where_sql = ""
     where_params: list[Any] = []
     if where is not None:
-        clause, where_params = compile_where(tx.dialect, where)
+        clause, where_params = compile_where(tx.sql, where)
         where_sql = " AND " + clause
-    set_lease = (
-        "state = 'running', attempts = attempts + 1, lease_token = ?, lease_expires_at = ?, "
-        "available_at = ?, holder_host = ?, holder_pid = ?, holder_worker = ?, batch_id = NULL"
+    key = tuple(types)
+    marks = _expiry_marks(tx.store)
+    request = GrabRequest(
+        types=key,
+        now=now,
+        token=lease.token,
+        until=lease.until,
+        host=lease.host,
+        pid=lease.pid,
+        worker=lease.worker,
+        limit=limit,
+        where_sql=where_sql,
+        where_params=where_params,
     )
-    lease_params = [lease.token, lease.until, lease.until, lease.host, lease.pid, lease.worker]
-    old_cols = "seq, state, holder_host, holder_pid, holder_worker, lease_expires_at"
-    if tx.dialect == "postgres":
-        sql = (
-            # One ordered index scan per type (LATERAL), merged: `type = ANY(...)` would make
-            # PostgreSQL sort every ready job of those types on each grab.
-            "WITH plain AS (SELECT "
-            + ", ".join(f"c.{c}" for c in old_cols.split(", "))
-            + " FROM unnest(?::text[]) AS t(name) CROSS JOIN LATERAL ("
-            f"SELECT {old_cols}, priority, available_at FROM homing_jobs "
-            "WHERE type = t.name AND state IN ('ready', 'running') AND available_at <= ? "
-            f"AND batch_id IS NULL{where_sql} "
-            "ORDER BY priority DESC, available_at, seq LIMIT ? FOR UPDATE SKIP LOCKED) c "
-            "ORDER BY c.priority DESC, c.available_at, c.seq LIMIT ?), "
-            f"staged AS (SELECT {old_cols} FROM homing_jobs WHERE batch_id IN "
-            "(SELECT batch_id FROM homing_job_batches WHERE state = 'committed') "
-            f"AND type = ANY(?) AND state = 'ready' AND available_at <= ?{where_sql} "
-            "ORDER BY priority DESC, seq LIMIT ? FOR UPDATE SKIP LOCKED), "
-            "cand AS (SELECT * FROM (SELECT * FROM plain UNION ALL SELECT * FROM staged) u LIMIT ?), "
-            f"upd AS (UPDATE homing_jobs j SET {set_lease.replace('attempts + 1', 'j.attempts + 1')} "
-            f"FROM cand WHERE j.seq = cand.seq RETURNING {_J_COLS}, "
-            "cand.state AS old_state, cand.holder_host AS old_host, cand.holder_pid AS old_pid, "
-            "cand.holder_worker AS old_worker, cand.lease_expires_at AS old_exp), "
-            # a takeover of an expired lease is recorded in the same statement
-            "hist AS (INSERT INTO homing_job_failures "
-            "(job_id, attempt, at, kind, host, pid, worker, message) "
-            "SELECT id, attempts - 1, ?, 'lease_expired', old_host, old_pid, old_worker, "
-            "'lease expired at ' || round(old_exp::numeric, 3)::text "
-            "|| ' without completion; handed out again' FROM upd WHERE old_state = 'running') "
-            "SELECT * FROM upd"
-        )
-        pick = [list(types), now, *where_params, limit]
-        rows = tx.query(sql, [*pick, limit, *pick, limit, *lease_params, now])
-    else:
-        # One ordered index scan per type, merged here (an IN list would sort them all).
-        found = []
-        for name in types:
-            found += tx.query(
-                f"SELECT {old_cols}, priority, available_at FROM homing_jobs WHERE type = ? "
-                "AND state IN ('ready', 'running') AND available_at <= ? AND batch_id IS NULL"
-                f"{where_sql} ORDER BY priority DESC, available_at, seq LIMIT ?",
-                [name, now, *where_params, limit],
-            )
-        found = [r[:6] for r in sorted(found, key=lambda r: (-r[6], r[7], r[0]))[:limit]]
-        marks = ", ".join("?" for _ in types)
-        if len(found) < limit:
-            found += tx.query(
-                f"SELECT {old_cols} FROM homing_jobs WHERE batch_id IN "
-                "(SELECT batch_id FROM homing_job_batches WHERE state = 'committed') "
-                f"AND type IN ({marks}) AND state = 'ready' AND available_at <= ?{where_sql} "
-                "ORDER BY priority DESC, seq LIMIT ?",
-                [*types, now, *where_params, limit - len(found)],
-            )
-        if not found:
-            return []
-        old = {r[0]: r[1:] for r in found}
-        updated = []
-        seqs = list(old)
-        for start in range(0, len(seqs), 500):  # SQLite caps the number of bound variables
-            chunk = seqs[start : start + 500]
-            seq_marks = ", ".join("?" for _ in chunk)
-            updated += tx.query(
-                f"UPDATE homing_jobs SET {set_lease} WHERE seq IN ({seq_marks}) RETURNING {_COLS}",
-                [*lease_params, *chunk],
-            )
-        rows = [(*u, *old[u[-1]]) for u in updated]
-    result = []
+    low = marks.start(key, now) if marks is not None else None
+    rows = tx.sql.grab(tx, replace(request, expired_after=low), _COLS)
+    if marks is not None:
+        taken = sum(1 for r in rows if r[-5] == "running")
+        marks.advance(key, now, low, filled=taken >= limit)
+    if len(rows) < limit:
+        rows += tx.sql.grab_staged(tx, replace(request, limit=limit - len(rows)), _COLS)
     n = len(JOB_COLUMNS)
-    for values in rows:
-        job = _row(tx, values[:n])
-        old_state, old_host, old_pid, old_worker, old_exp = values[n:]
-        if old_state == "running" and tx.dialect == "sqlite":  # PostgreSQL: done in the CTE
-            add_failure(
-                tx,
-                job["id"],
-                attempt=job["attempts"] - 1,
-                at=now,
-                kind="lease_expired",
-                host=old_host,
-                pid=old_pid,
-                worker=old_worker,
-                message=f"lease expired at {old_exp:.3f} without completion; handed out again",
-            )
-        result.append(job)
+    result = [_row(tx, values[:n]) for values in rows]
     result.sort(key=lambda r: (-r["priority"], r["seq"]))
     return result
 
@@ -411,8 +316,8 @@ def commit_batch(tx: Tx, batch_id: str, *, now: float) -> bool:
         )
         == 1
     )
-    if changed and tx.dialect == "postgres":
-        tx.execute("SELECT pg_notify(?, '')", (notify_channel(tx),))
+    if changed:
+        tx.sql.notify(tx, JOBS_CHANNEL)
     return changed
 
 
@@ -450,23 +355,23 @@ def finish_many(tx: Tx, job_ids: Sequence[str], token: str, *, now: float) -> in
     """Mark many running jobs of one lease done in one statement; returns how many changed."""
     if not job_ids:
         return 0
-    if tx.dialect == "postgres":
-        return tx.rowcount(
-            "UPDATE homing_jobs SET state = 'done', finished_at = ?, lease_expires_at = NULL "
-            "WHERE id = ANY(?) AND lease_token = ? AND state = 'running'",
-            (now, list(job_ids), token),
-        )
-    marks = ", ".join("?" for _ in job_ids)
+    clause, params = tx.sql.in_list("id", job_ids)
     return tx.rowcount(
         "UPDATE homing_jobs SET state = 'done', finished_at = ?, lease_expires_at = NULL "
-        f"WHERE id IN ({marks}) AND lease_token = ? AND state = 'running'",
-        (now, *job_ids, token),
+        f"WHERE {clause} AND lease_token = ? AND state = 'running'",
+        (now, *params, token),
     )
+
+
+def finish_leased(tx: Tx, pairs: Sequence[tuple[str, str]], *, now: float) -> set[str]:
+    """Mark done each (job id, lease token) whose lease still holds, in one statement
+    where the backend allows; returns the ids done. Refused ones are left as they are."""
+    return tx.sql.finish_leased(tx, pairs, now=now) if pairs else set()
 
 
 def reschedule(tx: Tx, job_id: str, token: str, *, run_at: float, error: str | None) -> bool:
     """Put a running job back to ready at ``run_at`` if ``token`` still holds its lease."""
-    return (
+    changed = (
         tx.rowcount(
             "UPDATE homing_jobs SET state = 'ready', run_at = ?, available_at = ?, "
             "last_error = COALESCE(?, last_error), lease_expires_at = NULL "
@@ -475,6 +380,9 @@ def reschedule(tx: Tx, job_id: str, token: str, *, run_at: float, error: str | N
         )
         == 1
     )
+    if changed and run_at <= tx.store.clock.now():
+        tx.sql.notify(tx, JOBS_CHANNEL)  # released for another worker: wake one up
+    return changed
 
 
 def extend_lease(tx: Tx, job_id: str, token: str, *, until: float) -> bool:

@@ -8,12 +8,14 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from homing.clock import Clock, SystemClock
 from homing.errors import ConfigurationError, StoreUnavailable
-from homing.store._common import TxSlot, parse_bool, run_after_commit, split_url
-from homing.store.protocol import Dialect, Tx
+from homing.store._common import TxSlot, parse_bool, split_url
+from homing.store.postgres_sql import PostgresSql
+from homing.store.protocol import Capabilities, Dialect, Tx, Wakeup
+from homing.store.wakeup import NotifyWakeup
 
 try:
     import psycopg
@@ -35,7 +37,9 @@ def parse_postgres_url(url: str) -> tuple[str, dict[str, str]]:
         raise ConfigurationError(f"not a PostgreSQL URL: {url!r}")
     own = {k: v for k, v in options.items() if k in _HOMING_OPTIONS}
     libpq = {k: v for k, v in options.items() if k not in _HOMING_OPTIONS}
-    conninfo = rest + ("?" + urlencode(libpq) if libpq else "")
+    # quote (%20), not urlencode's default quote_plus (+): libpq does not decode '+' as a
+    # space, so "options=-c statement_timeout=5000" would reach the server mangled.
+    conninfo = rest + ("?" + urlencode(libpq, quote_via=quote) if libpq else "")
     schema = own.get("schema")
     if schema is not None and not _IDENT.match(schema):
         raise ConfigurationError(
@@ -98,6 +102,8 @@ class PostgresStore:
     """A store in one PostgreSQL database (optionally one schema of it)."""
 
     dialect: Dialect = "postgres"
+    capabilities = Capabilities(notifications=True, skip_locked=True, concurrent_writers=True)
+    sql = PostgresSql()
 
     def __init__(
         self,
@@ -163,10 +169,10 @@ class PostgresStore:
             yield current
             return
         with self._connection() as conn, conn.transaction():
-            tx = Tx(conn, "postgres", self)
+            tx = Tx(conn, self.sql, self)
             with self._slot.bind(tx):
                 yield tx
-        run_after_commit(tx)
+        tx.run_after_commit()
 
     @contextmanager
     def statement(self) -> Iterator[Tx]:
@@ -178,9 +184,10 @@ class PostgresStore:
             yield current
             return
         with self._connection() as conn:
-            tx = Tx(conn, "postgres", self)
+            tx = Tx(conn, self.sql, self)
             with self._slot.bind(tx):
                 yield tx
+        tx.run_after_commit()
 
     @contextmanager
     def _connection(self) -> Iterator[Any]:
@@ -210,6 +217,13 @@ class PostgresStore:
             if listener is None:
                 listener = self._listeners[full] = _Listener(self._listen_conninfo, full)
         return listener.wait(timeout)
+
+    def wakeup(self, channel: str, *, min_poll: float = 0.002, max_poll: float = 0.1) -> Wakeup:
+        self.wait_for_notification(channel, 0)  # start listening now, not at the first wait
+        return NotifyWakeup(lambda timeout: self.wait_for_notification(channel, timeout))
+
+    def notify(self, tx: Tx, channel: str) -> None:
+        self.sql.notify(tx, channel)
 
     def close(self) -> None:
         for listener in self._listeners.values():

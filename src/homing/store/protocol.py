@@ -9,13 +9,47 @@ translates them. Values always travel as bound parameters, never inside the SQL 
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any, Literal, Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from homing.clock import Clock
 
+if TYPE_CHECKING:
+    from homing.store.dialect import SqlDialect
+
 Dialect = Literal["sqlite", "postgres"]
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do, so that callers ask the store instead of naming a dialect.
+
+    ``notifications``: other processes' commits can wake a waiter (LISTEN/NOTIFY) instead of
+    it polling. ``skip_locked``: concurrent grabbers pass over each other's rows.
+    ``concurrent_writers``: write transactions run in parallel (PostgreSQL), rather than one
+    at a time per database (SQLite); long work inside a write transaction blocks everyone
+    on a single-writer store.
+    """
+
+    notifications: bool
+    skip_locked: bool
+    concurrent_writers: bool
+
+
+class Wakeup(Protocol):
+    """A wait for "there may be new work on ``channel``", the same call on every backend.
+
+    ``wait(timeout)`` returns True when woken by a notification, False when the timeout (or,
+    on a polling backend, the current back-off step) passed: either way, look for work
+    again. ``reset()`` after finding work makes a polling wait short again.
+    """
+
+    def wait(self, timeout: float) -> bool: ...
+
+    def reset(self) -> None: ...
 
 
 @functools.lru_cache(maxsize=1024)
@@ -32,14 +66,16 @@ class Tx:
     they commit or roll back together with homing's.
     """
 
-    def __init__(self, connection: Any, dialect: Dialect, store: Store) -> None:
+    def __init__(self, connection: Any, sql: SqlDialect, store: Store) -> None:
         self.connection = connection
-        self.dialect: Dialect = dialect
+        self.sql = sql  # the statements that differ between backends
+        self.dialect: Dialect = sql.name
         self.store = store
         self._after_commit: list[Any] = []
+        self._savepoints = itertools.count(1)
 
     def _sql(self, sql: str) -> str:
-        return to_pyformat(sql) if self.dialect == "postgres" else sql
+        return to_pyformat(sql) if self.sql.pyformat else sql
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
         """Run one statement; returns the DB-API cursor."""
@@ -71,15 +107,28 @@ class Tx:
     def savepoint(self) -> Iterator[None]:
         """A nested unit of this transaction: if the block raises, its statements are undone
         (the exception propagates) and the transaction stays usable, on PostgreSQL too.
-        Callbacks registered inside with ``call_after_commit`` still run on commit."""
-        self.execute("SAVEPOINT homing_unit")
+
+        One rule for ``call_after_commit``: a callback registered inside a savepoint that is
+        rolled back is dropped with the statements it belonged to; one registered inside a
+        savepoint that is released runs when the whole transaction commits. Savepoints nest.
+        """
+        name = f"homing_sp_{next(self._savepoints)}"
+        mark = len(self._after_commit)
+        self.execute(f"SAVEPOINT {name}")
         try:
             yield
         except BaseException:
-            self.execute("ROLLBACK TO SAVEPOINT homing_unit")
-            self.execute("RELEASE SAVEPOINT homing_unit")
+            self.execute(f"ROLLBACK TO SAVEPOINT {name}")
+            self.execute(f"RELEASE SAVEPOINT {name}")
+            del self._after_commit[mark:]
             raise
-        self.execute("RELEASE SAVEPOINT homing_unit")
+        self.execute(f"RELEASE SAVEPOINT {name}")
+
+    def run_after_commit(self) -> None:
+        """Called by the store once the transaction committed."""
+        callbacks, self._after_commit = self._after_commit, []
+        for fn in callbacks:
+            fn()
 
 
 @runtime_checkable
@@ -87,6 +136,7 @@ class Store(Protocol):
     """A database homing keeps its state in: one SQLite file or one PostgreSQL database."""
 
     dialect: Dialect
+    capabilities: Capabilities
     url: str
     clock: Clock
     durable: bool
@@ -115,4 +165,14 @@ class Store(Protocol):
 
         PostgreSQL uses LISTEN/NOTIFY; SQLite has no notifications and just sleeps.
         """
+        ...
+
+    def wakeup(self, channel: str, *, min_poll: float = 0.002, max_poll: float = 0.1) -> Wakeup:
+        """A waiter for new work on ``channel``: LISTEN/NOTIFY on PostgreSQL, a back-off poll
+        (``min_poll`` doubling up to ``max_poll``) on SQLite. Use it instead of a loop of
+        your own, so that no part of homing needs to know which backend it runs on."""
+        ...
+
+    def notify(self, tx: Tx, channel: str) -> None:
+        """Announce new work on ``channel`` when ``tx`` commits (nothing on SQLite)."""
         ...

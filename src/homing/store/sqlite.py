@@ -12,8 +12,10 @@ from pathlib import Path
 
 from homing.clock import Clock, SystemClock
 from homing.errors import ConfigurationError, StoreUnavailable
-from homing.store._common import TxSlot, parse_bool, run_after_commit, split_url
-from homing.store.protocol import Dialect, Tx
+from homing.store._common import TxSlot, parse_bool, split_url
+from homing.store.protocol import Capabilities, Dialect, Tx, Wakeup
+from homing.store.sqlite_sql import SqliteSql
+from homing.store.wakeup import PollingWakeup
 
 BUSY_TIMEOUT_MS = 60_000
 
@@ -38,6 +40,8 @@ class SQLiteStore:
     """A store in one SQLite file, shared safely by threads (a connection each) and processes."""
 
     dialect: Dialect = "sqlite"
+    capabilities = Capabilities(notifications=False, skip_locked=False, concurrent_writers=False)
+    sql = SqliteSql()
 
     def __init__(
         self, url: str, *, clock: Clock | None = None, durable: bool | None = None
@@ -115,7 +119,7 @@ class SQLiteStore:
                 raise StoreUnavailable(
                     f"could not begin a transaction on {self.path}: {exc}"
                 ) from exc
-            tx = Tx(conn, "sqlite", self)
+            tx = Tx(conn, self.sql, self)
             try:
                 with self._slot.bind(tx):
                     yield tx
@@ -127,7 +131,7 @@ class SQLiteStore:
         finally:
             if write:
                 self._write_lock.release()
-        run_after_commit(tx)
+        tx.run_after_commit()
 
     def statement(self) -> AbstractContextManager[Tx]:
         """SQLite runs in process: a statement is an ordinary write transaction."""
@@ -155,6 +159,17 @@ class SQLiteStore:
     def wait_for_notification(self, channel: str, timeout: float) -> bool:
         time.sleep(max(0.0, timeout))
         return False
+
+    def wakeup(self, channel: str, *, min_poll: float = 0.002, max_poll: float = 0.1) -> Wakeup:
+        return PollingWakeup(min_poll, max_poll)
+
+    def notify(self, tx: Tx, channel: str) -> None:
+        """Nobody listens on SQLite: waiters poll."""
+
+    @property
+    def write_lock(self) -> threading.Lock:
+        """The lock that orders this process's write transactions on the file (one writer)."""
+        return self._write_lock
 
     def close(self) -> None:
         self._closed = True

@@ -112,4 +112,29 @@ _POSTGRES = (
     "ALTER TABLE homing_job_batches SET (autovacuum_vacuum_scale_factor = 0.05)",
 )
 
-MIGRATIONS: list[Migration] = [Migration(1, "jobs", _SQLITE, _POSTGRES)]
+# Version 2: the grab reads ready jobs through an index of their own, so its cost does not
+# depend on how many jobs are running or finished; expired leases are found through a
+# second index ordered by expiry (see jobs_queries.ExpiryMarks); on PostgreSQL the unique
+# key index holds only jobs that have a key.
+_READY = (
+    "CREATE INDEX homing_jobs_ready ON homing_jobs (type, priority DESC, run_at, seq) "
+    "WHERE state = 'ready' AND batch_id IS NULL"
+)
+_LEASES = (
+    "CREATE INDEX homing_jobs_leases ON homing_jobs (type, lease_expires_at) "
+    "WHERE state = 'running'"
+)
+_V2_SQLITE = ("DROP INDEX homing_jobs_grab", _READY, _LEASES)
+_V2_POSTGRES = (
+    "DROP INDEX homing_jobs_grab",
+    _READY,
+    _LEASES,
+    "CREATE UNIQUE INDEX homing_jobs_unique_key ON homing_jobs (unique_key) "
+    "WHERE unique_key IS NOT NULL",
+    "ALTER TABLE homing_jobs DROP CONSTRAINT homing_jobs_unique_key_key",
+)
+
+MIGRATIONS: list[Migration] = [
+    Migration(1, "jobs", _SQLITE, _POSTGRES),
+    Migration(2, "ready_index", _V2_SQLITE, _V2_POSTGRES),
+]

@@ -1,0 +1,94 @@
+"""What differs between the backends' SQL, in one object per backend.
+
+The shared query modules (``*_queries``) are written once; where SQLite and PostgreSQL
+really differ (the grab, bulk writes, JSON search, locking clauses, notifications) they
+call ``tx.sql``, the backend's ``SqlDialect``. Nothing outside ``homing.store`` needs to
+know which backend it runs on: it asks ``store.capabilities`` or ``store.wakeup``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from homing.store.protocol import Dialect, Tx
+
+
+@dataclass(frozen=True)
+class GrabRequest:
+    """One grab: which types, the lease to hand out, how many, and an optional search."""
+
+    types: Sequence[str]
+    now: float
+    token: str
+    until: float
+    host: str
+    pid: int
+    worker: str
+    limit: int
+    where_sql: str = ""  # " AND <clause>" over the column ``args``, or ""
+    where_params: Sequence[Any] = ()
+    expired_after: float | None = None  # only leases that expired after this (None: all)
+
+    @property
+    def lease_params(self) -> list[Any]:
+        return [self.token, self.until, self.until, self.host, self.pid, self.worker]
+
+
+SET_LEASE = (
+    "state = 'running', attempts = attempts + 1, lease_token = ?, lease_expires_at = ?, "
+    "available_at = ?, holder_host = ?, holder_pid = ?, holder_worker = ?, batch_id = NULL"
+)
+
+
+class SqlDialect:
+    """The statements that differ between backends. Subclasses: ``PostgresSql``, ``SqliteSql``."""
+
+    name: ClassVar[Dialect]
+    pyformat: ClassVar[bool]  # psycopg wants %s placeholders; statements are written with ?
+    lock_rows: ClassVar[str]  # " FOR UPDATE" where rows are locked, "" on a single-writer store
+    skip_locked: ClassVar[str]  # " FOR UPDATE SKIP LOCKED", or "" on a single-writer store
+
+    # -- general -----------------------------------------------------------------------
+    def in_list(self, column: str, values: Sequence[Any]) -> tuple[str, list[Any]]:
+        """``column IN (values)`` with bound parameters (values: at most 500)."""
+        raise NotImplementedError
+
+    def notify(self, tx: Tx, channel: str) -> None:
+        """Announce work on ``channel`` at commit (no-op where nobody listens)."""
+
+    def load_json(self, value: Any) -> Any:
+        """A JSON column's value as Python (PostgreSQL's driver decodes jsonb itself)."""
+        return value
+
+    # -- JSON search over args ---------------------------------------------------------
+    def json_eq(self, path: list[str], value: Any) -> tuple[str, list[Any]]:
+        raise NotImplementedError
+
+    def json_in(self, path: list[str], values: Sequence[Any]) -> tuple[str, list[Any]]:
+        raise NotImplementedError
+
+    def json_cmp(self, path: list[str], op: str, value: Any) -> tuple[str, list[Any]]:
+        raise NotImplementedError
+
+    # -- jobs ----------------------------------------------------------------------------
+    def insert_jobs(self, tx: Tx, rows: Sequence[tuple[Any, ...]], channel: str) -> None:
+        """Insert new jobs (id, type, args_json, priority, run_at, unique_key, parent_id,
+        created_at), skipping conflicts on id or unique_key; announce them on ``channel``."""
+        raise NotImplementedError
+
+    def grab(self, tx: Tx, g: GrabRequest, columns: str) -> list[tuple[Any, ...]]:
+        """Lease due ready jobs and jobs whose lease expired, best priority first (then the
+        longest waiting), recording each takeover of an expired lease in its history.
+        Each row: ``columns``, then the previous state, holder (host, pid, worker) and
+        lease expiry."""
+        raise NotImplementedError
+
+    def grab_staged(self, tx: Tx, g: GrabRequest, columns: str) -> list[tuple[Any, ...]]:
+        """Lease jobs of committed staged batches (taken after the ordinary ones)."""
+        raise NotImplementedError
+
+    def finish_leased(self, tx: Tx, pairs: Sequence[tuple[str, str]], *, now: float) -> set[str]:
+        """Mark done every (job id, lease token) that still holds its lease; the ids done."""
+        raise NotImplementedError

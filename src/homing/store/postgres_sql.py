@@ -1,0 +1,182 @@
+"""PostgreSQL's statements where they differ from SQLite's (see ``dialect.py``).
+
+The grab is split by cost: the hot statement takes due ready jobs through an index that
+holds only ready jobs (``homing_jobs_ready``), so its cost does not grow with the jobs
+running or finished; the second-chance statement (expired leases, committed staged
+batches) runs only when the first did not fill the request, and reads expired leases
+through their own index, from a low-water mark (see ``jobs_queries.ExpiryMarks``), so it
+does not walk the dead entries that finished jobs leave until VACUUM. Each is a plain
+statement that PostgreSQL can plan once (prepared by psycopg, generic plan).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from homing.store.dialect import SET_LEASE, GrabRequest, SqlDialect
+from homing.store.protocol import Tx
+
+_INSERT_COLS = (
+    "id, type, args, priority, state, run_at, available_at, unique_key, parent_id, created_at"
+)
+_OLD = (
+    "seq, state AS old_state, holder_host AS old_host, holder_pid AS old_pid, "
+    "holder_worker AS old_worker, lease_expires_at AS old_exp"
+)
+
+
+def _returning(columns: str) -> str:
+    cols = ", ".join(f"j.{c.strip()}" for c in columns.split(","))
+    return f"RETURNING {cols}, c.old_state, c.old_host, c.old_pid, c.old_worker, c.old_exp"
+
+
+class PostgresSql(SqlDialect):
+    name = "postgres"
+    pyformat = True
+    lock_rows = " FOR UPDATE"
+    skip_locked = " FOR UPDATE SKIP LOCKED"
+
+    def in_list(self, column: str, values: Sequence[Any]) -> tuple[str, list[Any]]:
+        return f"{column} = ANY(?)", [list(values)]
+
+    def notify(self, tx: Tx, channel: str) -> None:
+        tx.execute("SELECT pg_notify(?, '')", (tx.store.notify_channel(channel),))  # type: ignore[attr-defined]
+
+    # -- JSON search -------------------------------------------------------------------
+    def json_eq(self, path: list[str], value: Any) -> tuple[str, list[Any]]:
+        return "args #> ? = ?::jsonb", [path, json.dumps(value)]
+
+    def json_in(self, path: list[str], values: Sequence[Any]) -> tuple[str, list[Any]]:
+        return "args #> ? = ANY(?::jsonb[])", [path, [json.dumps(v) for v in values]]
+
+    def json_cmp(self, path: list[str], op: str, value: Any) -> tuple[str, list[Any]]:
+        if isinstance(value, str):
+            return (
+                f"(CASE WHEN jsonb_typeof(args #> ?) = 'string' "
+                f'THEN (args #>> ?) COLLATE "C" {op} ? ELSE false END)',
+                [path, path, value],
+            )
+        return (
+            f"(CASE WHEN jsonb_typeof(args #> ?) = 'number' "
+            f"THEN (args #>> ?)::numeric {op} ?::numeric ELSE false END)",
+            [path, path, value],
+        )
+
+    # -- jobs ----------------------------------------------------------------------------
+    def insert_jobs(self, tx: Tx, rows: Sequence[tuple[Any, ...]], channel: str) -> None:
+        full = tx.store.notify_channel(channel)  # type: ignore[attr-defined]
+        # The wake-up rides in the same statement, only when something was inserted.
+        announce = "SELECT pg_notify(?, ?) WHERE EXISTS (SELECT 1 FROM ins)"
+        if len(rows) == 1:
+            r = rows[0]
+            tx.execute(
+                f"WITH ins AS (INSERT INTO homing_jobs ({_INSERT_COLS}) "
+                "VALUES (?, ?, ?::jsonb, ?, 'ready', ?, ?, ?, ?, ?) "
+                f"ON CONFLICT DO NOTHING RETURNING 1) {announce}",
+                (r[0], r[1], r[2], r[3], r[4], r[4], r[5], r[6], r[7], full, "1"),
+            )
+            return
+        # One JSON parameter for the batch: encoded in C, unpacked by the server. The args
+        # are JSON already and go in as they are.
+        doc = (
+            "["
+            + ",".join(
+                f"[{json.dumps(r[0])},{json.dumps(r[1])},{r[2]},{r[3]},{r[4]!r},"
+                f"{json.dumps(r[5])},{json.dumps(r[6])},{r[7]!r}]"
+                for r in rows
+            )
+            + "]"
+        )
+        tx.execute(
+            f"WITH ins AS (INSERT INTO homing_jobs ({_INSERT_COLS}) "
+            "SELECT e->>0, e->>1, e->2, (e->>3)::int, 'ready', (e->>4)::float8, "
+            "(e->>4)::float8, e->>5, e->>6, (e->>7)::float8 "
+            "FROM jsonb_array_elements(?::jsonb) AS e "
+            f"ON CONFLICT DO NOTHING RETURNING 1) {announce}",
+            (doc, full, str(len(rows))),
+        )
+
+    def grab(self, tx: Tx, g: GrabRequest, columns: str) -> list[tuple[Any, ...]]:
+        if len(g.types) == 1:
+            ready = (
+                f"SELECT {_OLD}, priority, run_at AS avail FROM homing_jobs WHERE type = ? "
+                f"AND state = 'ready' AND batch_id IS NULL AND run_at <= ?{g.where_sql} "
+                "ORDER BY priority DESC, run_at, seq LIMIT ? FOR UPDATE SKIP LOCKED"
+            )
+            ready_params: list[Any] = [g.types[0], g.now, *g.where_params, g.limit]
+        else:
+            # One ordered index scan per type (LATERAL), merged: `type = ANY(...)` would
+            # make PostgreSQL sort every ready job of those types on each grab.
+            ready = (
+                "SELECT c.* FROM unnest(?::text[]) AS t(name) CROSS JOIN LATERAL ("
+                f"SELECT {_OLD}, priority, run_at AS avail FROM homing_jobs WHERE type = t.name "
+                f"AND state = 'ready' AND batch_id IS NULL AND run_at <= ?{g.where_sql} "
+                "ORDER BY priority DESC, run_at, seq LIMIT ? FOR UPDATE SKIP LOCKED) c"
+            )
+            ready_params = [list(g.types), g.now, *g.where_params, g.limit]
+        low = "" if g.expired_after is None else " AND lease_expires_at > ?"
+        expired = (
+            f"SELECT {_OLD}, priority, lease_expires_at AS avail FROM homing_jobs "
+            f"WHERE type = ANY(?) AND state = 'running' AND lease_expires_at <= ?{low}"
+            f"{g.where_sql} ORDER BY priority DESC, lease_expires_at, seq LIMIT ? "
+            "FOR UPDATE SKIP LOCKED"
+        )
+        expired_params = [
+            list(g.types),
+            g.now,
+            *([] if g.expired_after is None else [g.expired_after]),
+            *g.where_params,
+            g.limit,
+        ]
+        return self._lease(
+            tx,
+            g,
+            columns,
+            f"WITH ready AS ({ready}), expired AS ({expired}), "
+            "c AS (SELECT * FROM (SELECT * FROM ready UNION ALL SELECT * FROM expired) u "
+            "ORDER BY priority DESC, avail, seq LIMIT ?)",
+            [*ready_params, *expired_params, g.limit],
+        )
+
+    def grab_staged(self, tx: Tx, g: GrabRequest, columns: str) -> list[tuple[Any, ...]]:
+        return self._lease(
+            tx,
+            g,
+            columns,
+            f"WITH c AS (SELECT {_OLD} FROM homing_jobs WHERE batch_id IN "
+            "(SELECT batch_id FROM homing_job_batches WHERE state = 'committed') "
+            f"AND type = ANY(?) AND state = 'ready' AND run_at <= ?{g.where_sql} "
+            "ORDER BY priority DESC, seq LIMIT ? FOR UPDATE SKIP LOCKED)",
+            [list(g.types), g.now, *g.where_params, g.limit],
+        )
+
+    @staticmethod
+    def _lease(
+        tx: Tx, g: GrabRequest, columns: str, pick: str, params: list[Any]
+    ) -> list[tuple[Any, ...]]:
+        """Lease the rows of CTE ``c`` (``pick``); a takeover of an expired lease is
+        recorded in the failure history in the same statement."""
+        return tx.query(
+            f"{pick}, upd AS (UPDATE homing_jobs j SET "
+            f"{SET_LEASE.replace('attempts + 1', 'j.attempts + 1')} "
+            f"FROM c WHERE j.seq = c.seq {_returning(columns)}), "
+            "hist AS (INSERT INTO homing_job_failures "
+            "(job_id, attempt, at, kind, host, pid, worker, message) "
+            "SELECT id, attempts - 1, ?, 'lease_expired', old_host, old_pid, old_worker, "
+            "'lease expired at ' || round(old_exp::numeric, 3)::text "
+            "|| ' without completion; handed out again' FROM upd WHERE old_state = 'running') "
+            "SELECT * FROM upd",
+            [*params, *g.lease_params, g.now],
+        )
+
+    def finish_leased(self, tx: Tx, pairs: Sequence[tuple[str, str]], *, now: float) -> set[str]:
+        rows = tx.query(
+            "UPDATE homing_jobs j SET state = 'done', finished_at = ?, lease_expires_at = NULL "
+            "FROM unnest(?::text[], ?::text[]) AS t(id, token) "
+            "WHERE j.id = t.id AND j.lease_token = t.token AND j.state = 'running' "
+            "RETURNING j.id",
+            (now, [p[0] for p in pairs], [p[1] for p in pairs]),
+        )
+        return {str(r[0]) for r in rows}

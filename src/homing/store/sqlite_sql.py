@@ -1,0 +1,181 @@
+"""SQLite's statements where they differ from PostgreSQL's (see ``dialect.py``).
+
+SQLite has one writer at a time, so there is nothing to skip or lock: a grab is a plain
+ordered read and an update inside the ``BEGIN IMMEDIATE`` transaction. Its indexes hold no
+dead entries (no MVCC in the B-tree), so the ready-jobs index alone keeps the grab flat.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from homing.store.dialect import SET_LEASE, GrabRequest, SqlDialect
+from homing.store.protocol import Tx
+
+_MAX_VARS = 500  # bound variables per statement, well under SQLite's limit
+_INSERT = (
+    "INSERT INTO homing_jobs (id, type, args, priority, state, run_at, available_at, "
+    "unique_key, parent_id, created_at) VALUES (?, ?, ?, ?, 'ready', ?, ?, ?, ?, ?) "
+    "ON CONFLICT DO NOTHING"
+)
+_HOLDER = "seq, state, holder_host, holder_pid, holder_worker, lease_expires_at"
+
+
+def _marks(n: int) -> str:
+    return ", ".join("?" * n)
+
+
+class SqliteSql(SqlDialect):
+    name = "sqlite"
+    pyformat = False
+    lock_rows = ""
+    skip_locked = ""
+
+    def load_json(self, value: Any) -> Any:
+        return json.loads(value) if isinstance(value, str) else value
+
+    def in_list(self, column: str, values: Sequence[Any]) -> tuple[str, list[Any]]:
+        return f"{column} IN ({_marks(len(values))})", list(values)
+
+    # -- JSON search -------------------------------------------------------------------
+    @staticmethod
+    def _jpath(path: list[str]) -> str:
+        return "$" + "".join(f'."{s}"' for s in path)
+
+    def json_eq(self, path: list[str], value: Any) -> tuple[str, list[Any]]:
+        jpath = self._jpath(path)
+        if value is None:
+            return "json_type(args, ?) = 'null'", [jpath]
+        if isinstance(value, bool):
+            return "json_type(args, ?) = ?", [jpath, "true" if value else "false"]
+        if isinstance(value, str):
+            return "(json_type(args, ?) = 'text' AND json_extract(args, ?) = ?)", [
+                jpath,
+                jpath,
+                value,
+            ]
+        return (
+            "(json_type(args, ?) IN ('integer', 'real') AND json_extract(args, ?) = ?)",
+            [jpath, jpath, value],
+        )
+
+    def json_in(self, path: list[str], values: Sequence[Any]) -> tuple[str, list[Any]]:
+        parts = [self.json_eq(path, v) for v in values]
+        params: list[Any] = []
+        for p in parts:
+            params += p[1]
+        return "(" + " OR ".join(p[0] for p in parts) + ")", params
+
+    def json_cmp(self, path: list[str], op: str, value: Any) -> tuple[str, list[Any]]:
+        jpath = self._jpath(path)
+        types = "('text')" if isinstance(value, str) else "('integer', 'real')"
+        return (
+            f"(json_type(args, ?) IN {types} AND json_extract(args, ?) {op} ?)",
+            [jpath, jpath, value],
+        )
+
+    # -- jobs ----------------------------------------------------------------------------
+    def insert_jobs(self, tx: Tx, rows: Sequence[tuple[Any, ...]], channel: str) -> None:
+        if len(rows) == 1:
+            r = rows[0]
+            tx.execute(_INSERT, (r[0], r[1], r[2], r[3], r[4], r[4], r[5], r[6], r[7]))
+            return
+        tx.executemany(
+            _INSERT, [(r[0], r[1], r[2], r[3], r[4], r[4], r[5], r[6], r[7]) for r in rows]
+        )
+
+    def _lease(
+        self, tx: Tx, g: GrabRequest, columns: str, found: Sequence[tuple[Any, ...]]
+    ) -> list[tuple[Any, ...]]:
+        """Lease the picked rows (``_HOLDER`` columns first); record lease takeovers."""
+        old = {r[0]: r[1:6] for r in found}
+        names = [c.strip() for c in columns.split(",")]
+        i_id, i_attempts, i_seq = names.index("id"), names.index("attempts"), names.index("seq")
+        seqs = list(old)
+        rows: list[tuple[Any, ...]] = []
+        for start in range(0, len(seqs), _MAX_VARS):
+            chunk = seqs[start : start + _MAX_VARS]
+            rows += [
+                (*u, *old[u[i_seq]])
+                for u in tx.query(
+                    f"UPDATE homing_jobs SET {SET_LEASE} WHERE seq IN ({_marks(len(chunk))}) "
+                    f"RETURNING {columns}",
+                    [*g.lease_params, *chunk],
+                )
+            ]
+        # each row ends with the previous (state, host, pid, worker, lease expiry)
+        takeovers = [
+            (
+                r[i_id],
+                r[i_attempts] - 1,
+                g.now,
+                "lease_expired",
+                r[-4],
+                r[-3],
+                r[-2],
+                f"lease expired at {r[-1]:.3f} without completion; handed out again",
+            )
+            for r in rows
+            if r[-5] == "running"
+        ]
+        tx.executemany(
+            "INSERT INTO homing_job_failures (job_id, attempt, at, kind, host, pid, worker, "
+            "message) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            takeovers,
+        )
+        return rows
+
+    def grab(self, tx: Tx, g: GrabRequest, columns: str) -> list[tuple[Any, ...]]:
+        types_in = _marks(len(g.types))
+        expired = tx.query(
+            f"SELECT {_HOLDER}, priority, lease_expires_at FROM homing_jobs "
+            f"WHERE type IN ({types_in}) AND state = 'running' AND lease_expires_at <= ?"
+            f"{g.where_sql} ORDER BY priority DESC, lease_expires_at, seq LIMIT ?",
+            [*g.types, g.now, *g.where_params, g.limit],
+        )
+        pick = (
+            f"SELECT {_HOLDER}, priority, run_at FROM homing_jobs WHERE type = ? "
+            f"AND state = 'ready' AND batch_id IS NULL AND run_at <= ?{g.where_sql} "
+            "ORDER BY priority DESC, run_at, seq LIMIT ?"
+        )
+        if not expired and len(g.types) == 1:  # the hot path: one statement, pick and lease
+            rows = tx.query(
+                f"UPDATE homing_jobs SET {SET_LEASE} WHERE seq IN "
+                f"({pick.replace(f'{_HOLDER}, priority, run_at', 'seq', 1)}) "
+                f"RETURNING {columns}",
+                [*g.lease_params, g.types[0], g.now, *g.where_params, g.limit],
+            )
+            return [(*r, "ready", None, None, None, None) for r in rows]
+        # one ordered index scan per type, merged here (an IN list would sort them all)
+        found = list(expired)
+        for name in g.types:
+            found += tx.query(pick, [name, g.now, *g.where_params, g.limit])
+        found.sort(key=lambda r: (-r[6], r[7], r[0]))
+        return self._lease(tx, g, columns, found[: g.limit])
+
+    def grab_staged(self, tx: Tx, g: GrabRequest, columns: str) -> list[tuple[Any, ...]]:
+        found = tx.query(
+            f"SELECT {_HOLDER} FROM homing_jobs WHERE batch_id IN "
+            "(SELECT batch_id FROM homing_job_batches WHERE state = 'committed') "
+            f"AND type IN ({_marks(len(g.types))}) AND state = 'ready' AND run_at <= ?"
+            f"{g.where_sql} ORDER BY priority DESC, seq LIMIT ?",
+            [*g.types, g.now, *g.where_params, g.limit],
+        )
+        return self._lease(tx, g, columns, found) if found else []
+
+    def finish_leased(self, tx: Tx, pairs: Sequence[tuple[str, str]], *, now: float) -> set[str]:
+        done: set[str] = set()
+        step = _MAX_VARS // 2
+        for start in range(0, len(pairs), step):
+            chunk = pairs[start : start + step]
+            flat = [v for p in chunk for v in p]
+            rows = tx.query(
+                "UPDATE homing_jobs SET state = 'done', finished_at = ?, lease_expires_at = NULL "
+                f"WHERE (id, lease_token) IN (VALUES {', '.join('(?, ?)' for _ in chunk)}) "
+                "AND state = 'running' RETURNING id",
+                [now, *flat],
+            )
+            done.update(str(r[0]) for r in rows)
+        return done
