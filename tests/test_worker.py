@@ -454,7 +454,7 @@ def _three_held_one_stolen(
 ) -> tuple[Worker, list[homing.Job], list[JobContext], homing.Job]:
     """A worker (not started: its completer is driven by hand) holding three running jobs,
     one of whose expired leases another worker has taken over meanwhile."""
-    from homing.worker.runtime import JobContext as Ctx
+    from homing.worker.context import JobContext as Ctx
 
     app = App(sdb)
 
@@ -480,10 +480,11 @@ def test_a_stale_lease_in_a_batch_of_outcomes_does_not_sink_the_others(
     sdb: homing.Database, open_db: Any
 ) -> None:
     """The completer writes outcomes in bulk; one refused completion must not undo the rest."""
-    from homing.worker.runtime import _Outcome
+    from homing.worker.completer import write_outcomes
+    from homing.worker.outcome import Outcome
 
     worker, jobs, contexts, stolen = _three_held_one_stolen(sdb, open_db)
-    worker._write([_Outcome(ctx, "complete") for ctx in contexts])
+    write_outcomes(worker, [Outcome(ctx, "complete") for ctx in contexts])
     assert worker.stats.done == 2 and worker.stats.lease_lost == 1
     states = {j.handle: sdb.details(j.handle).state for j in jobs}
     assert states.pop(stolen.handle) == "running" and set(states.values()) == {"done"}
@@ -541,11 +542,12 @@ def test_on_complete_writes_are_dropped_with_a_lost_lease(
 ) -> None:
     """A job whose lease was taken over is not completed, and its on_complete writes are
     not kept either (the fencing covers them)."""
-    from homing.worker.runtime import _Outcome
+    from homing.worker.completer import write_outcomes
+    from homing.worker.outcome import Outcome
 
     worker, jobs, contexts, stolen = _three_held_one_stolen(sdb, open_db)
     for ctx in contexts:
         ctx.on_complete(lambda tx, job_id=ctx.job.id: _effect_via(tx, job_id, 0))
-    worker._write([_Outcome(ctx, "complete") for ctx in contexts])
+    write_outcomes(worker, [Outcome(ctx, "complete") for ctx in contexts])
     assert worker.stats.done == 2 and worker.stats.lease_lost == 1
     assert effects(sdb) == Counter({j.id: 1 for j in jobs if j.handle != stolen.handle})

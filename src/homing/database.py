@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from homing.clock import Clock
-from homing.errors import ConfigurationError, InvalidArgument, JobNotFound
+from homing.errors import ConfigurationError, HomingError, InvalidArgument, JobNotFound
 from homing.jobs import (
     DEFAULT_MAX_ARGS_BYTES,
     DEFAULT_RETENTION_S,
@@ -24,7 +24,8 @@ from homing.jobs import (
 )
 from homing.store import jobs_queries as q
 from homing.store import open_store
-from homing.store.protocol import Store, Tx
+from homing.store.protocol import Store, Tx, Wakeup
+from homing.store.wakeup import AnyWakeup
 
 
 class _JobAPI:
@@ -95,6 +96,14 @@ class _JobAPI:
         """Complete several jobs in one transaction: all or none."""
         with self._tx() as tx:
             self._ops.complete_many(tx, list(jobs))
+
+    def complete_each(self, jobs: Iterable[Job]) -> list[tuple[Job, HomingError]]:
+        """Complete each job whose lease still holds, in one statement (one round trip and
+        one commit on PostgreSQL); return the refused ones with their errors (``StaleLease``
+        and the like). Unlike ``complete_many`` it is not all-or-none: what it returns is
+        exactly what was not completed."""
+        with self._stmt() as tx:
+            return self._ops.complete_each(tx, list(jobs))
 
     def temp_fail(
         self,
@@ -219,7 +228,11 @@ class Database(_JobAPI):
 
     def wait_for_jobs(self, timeout: float) -> bool:
         """Block until new jobs are announced (PostgreSQL NOTIFY) or ``timeout`` passes."""
-        return self.store.wait_for_notification("homing_jobs", timeout)
+        return self.store.wait_for_notification(q.JOBS_CHANNEL, timeout)
+
+    def wakeup(self, *, min_poll: float = 0.002, max_poll: float = 0.1) -> Wakeup:
+        """A waiter for new jobs: NOTIFY on PostgreSQL, a back-off poll on SQLite."""
+        return self.store.wakeup(q.JOBS_CHANNEL, min_poll=min_poll, max_poll=max_poll)
 
     def close(self) -> None:
         self.store.close()
@@ -338,6 +351,16 @@ class ShardedDatabase:
         for job in jobs:
             self.complete(job)
 
+    def complete_each(self, jobs: Iterable[Job]) -> list[tuple[Job, HomingError]]:
+        """Per shard, one statement; see ``Database.complete_each``."""
+        groups: dict[int, list[Job]] = {}
+        for job in jobs:
+            groups.setdefault(self.shards.index(self._by_handle(job)), []).append(job)
+        refused: list[tuple[Job, HomingError]] = []
+        for shard, group in groups.items():
+            refused += self.shards[shard].complete_each(group)
+        return refused
+
     def temp_fail(
         self, job: Job | str, message: str, *, retry_in: float, lease_token: str | None = None
     ) -> float:
@@ -433,6 +456,10 @@ class ShardedDatabase:
                 return False
             if self.shards[0].wait_for_jobs(min(0.01, remaining)):
                 return True
+
+    def wakeup(self, *, min_poll: float = 0.002, max_poll: float = 0.1) -> Wakeup:
+        """Wakes on new jobs of any shard."""
+        return AnyWakeup([s.wakeup(min_poll=min_poll, max_poll=max_poll) for s in self.shards])
 
     def close(self) -> None:
         for s in self.shards:

@@ -17,7 +17,14 @@ from datetime import datetime
 from typing import Any
 
 from homing import ids
-from homing.errors import InvalidArgument, InvalidState, JobNotFound, PayloadTooLarge, StaleLease
+from homing.errors import (
+    HomingError,
+    InvalidArgument,
+    InvalidState,
+    JobNotFound,
+    PayloadTooLarge,
+    StaleLease,
+)
 from homing.store import jobs_queries as q
 from homing.store.protocol import Store, Tx
 
@@ -364,6 +371,24 @@ class JobOps:
             if changed != len(ids_):
                 for job in group:  # find and explain the one that did not apply
                     self.complete(tx, job, None)
+
+    def complete_each(self, tx: Tx, jobs: Sequence[Any]) -> list[tuple[Job, HomingError]]:
+        """Complete every job whose lease still holds, in one statement; return the others
+        with the reason each was refused. Not all-or-none, unlike ``complete_many``."""
+        for job in jobs:
+            if not isinstance(job, Job):
+                raise InvalidArgument(f"complete_each takes Job objects from grab, got {job!r}")
+        pairs = [(self.id_of(j.handle), j.lease_token) for j in jobs]
+        done = q.finish_leased(tx, pairs, now=self.store.clock.now())
+        refused: list[tuple[Job, HomingError]] = []
+        for job, (job_id, _) in zip(jobs, pairs, strict=True):
+            if job_id in done:
+                continue
+            try:  # explain it (or accept a repeat of a completion that already applied)
+                self.complete(tx, job, None)
+            except (StaleLease, InvalidState, JobNotFound) as exc:
+                refused.append((job, exc))
+        return refused
 
     def temp_fail(
         self, tx: Tx, job: Any, message: Any, retry_in: Any, lease_token: str | None

@@ -94,6 +94,12 @@ class _Listener:
             self._seen.generation = self._generation
             return self._generation != start
 
+    def poke(self) -> None:
+        """Wake this process's waiters as if a notification had come."""
+        with self._cond:
+            self._generation += 1
+            self._cond.notify_all()
+
     def stop(self) -> None:
         self._stop = True
 
@@ -220,7 +226,10 @@ class PostgresStore:
 
     def wakeup(self, channel: str, *, min_poll: float = 0.002, max_poll: float = 0.1) -> Wakeup:
         self.wait_for_notification(channel, 0)  # start listening now, not at the first wait
-        return NotifyWakeup(lambda timeout: self.wait_for_notification(channel, timeout))
+        listener = self._listeners[self.notify_channel(channel)]
+        return NotifyWakeup(
+            lambda timeout: self.wait_for_notification(channel, timeout), listener.poke
+        )
 
     def notify(self, tx: Tx, channel: str) -> None:
         self.sql.notify(tx, channel)

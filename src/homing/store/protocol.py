@@ -51,6 +51,10 @@ class Wakeup(Protocol):
 
     def reset(self) -> None: ...
 
+    def interrupt(self) -> None:
+        """Wake a waiter of this process now (shutting down, or work found locally)."""
+        ...
+
 
 @functools.lru_cache(maxsize=1024)
 def to_pyformat(sql: str) -> str:

@@ -9,36 +9,72 @@ and the engine's blocking take all wait through this one seam.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
+from typing import Any
 
 
 class PollingWakeup:
     """Sleep ``min_poll``, doubling up to ``max_poll`` while nothing is found."""
 
-    def __init__(self, min_poll: float, max_poll: float, stop: threading.Event | None = None):
+    def __init__(self, min_poll: float, max_poll: float) -> None:
         self.min_poll = min_poll
         self.max_poll = max(min_poll, max_poll)
         self._step = min_poll
-        self._stop = stop or threading.Event()
+        self._poke = threading.Event()
 
     def wait(self, timeout: float) -> bool:
-        """Sleep one back-off step (at most ``timeout``); False: nothing announces work here."""
-        self._stop.wait(max(0.0, min(timeout, self._step)))
+        """Sleep one back-off step (at most ``timeout``); True only if ``interrupt`` woke it."""
+        woke = self._poke.wait(max(0.0, min(timeout, self._step)))
+        self._poke.clear()
         self._step = min(self.max_poll, self._step * 2)
-        return False
+        return woke
 
     def reset(self) -> None:
         self._step = self.min_poll
+
+    def interrupt(self) -> None:
+        self._poke.set()
 
 
 class NotifyWakeup:
     """Block on a channel's notifications (``listen(timeout) -> notified``)."""
 
-    def __init__(self, listen: Callable[[float], bool]) -> None:
+    def __init__(self, listen: Callable[[float], bool], poke: Callable[[], None]) -> None:
         self._listen = listen
+        self._poke = poke
 
     def wait(self, timeout: float) -> bool:
         return self._listen(max(0.0, timeout))
 
     def reset(self) -> None:
         """Nothing to reset: a notification wakes the waiter at once."""
+
+    def interrupt(self) -> None:
+        self._poke()
+
+
+class AnyWakeup:
+    """Wakes on any of several wake-ups (a sharded store: one per shard)."""
+
+    def __init__(self, wakeups: list[Any]) -> None:
+        self._wakeups = wakeups
+
+    def wait(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
+            if any(w.wait(0) for w in self._wakeups):
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            if self._wakeups[0].wait(min(0.01, remaining)):
+                return True
+
+    def reset(self) -> None:
+        for w in self._wakeups:
+            w.reset()
+
+    def interrupt(self) -> None:
+        for w in self._wakeups:
+            w.interrupt()

@@ -10,9 +10,11 @@
 Run it with ``homing worker --app module:app --concurrency 8``.
 """
 
-from homing.worker.app import App, Handler, RetryLater
+from homing.worker.app import App
+from homing.worker.context import JobContext, LeaseLost
+from homing.worker.handler import Handler, RetryLater
 from homing.worker.retry import DEFAULT, NEVER, SMTP, RetryPolicy
-from homing.worker.runtime import JobContext, LeaseLost, Worker, WorkerStats
+from homing.worker.runtime import Worker, WorkerStats
 
 __all__ = [
     "DEFAULT",

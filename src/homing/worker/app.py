@@ -4,38 +4,18 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from homing.database import Database, ShardedDatabase
-from homing.errors import ConfigurationError, HomingError, InvalidArgument
+from homing.errors import ConfigurationError, InvalidArgument
 from homing.jobs import MAX_LOCK_FOR_S, check_seconds, check_type
+from homing.worker.handler import Handler, RetryLater
 from homing.worker.retry import RetryPolicy, resolve
+from homing.worker.runtime import Worker
 
-if TYPE_CHECKING:
-    from homing.worker.runtime import Worker
+__all__ = ["App", "Handler", "RetryLater"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class RetryLater(HomingError):
-    """Raise from a handler to retry the job after ``delay`` seconds (like an SMTP 4xx reply
-    with a known wait). It counts as a failed attempt: the policy's ``max_attempts`` and
-    ``max_age`` still apply."""
-
-    def __init__(self, message: str, delay: float) -> None:
-        super().__init__(message)
-        self.delay = check_seconds("RetryLater delay", delay, allow_zero=True)
-
-
-@dataclass(frozen=True)
-class Handler:
-    """One registered handler: the function, whether it is a coroutine, its retry policy."""
-
-    type: str
-    fn: Callable[..., Any]
-    is_async: bool
-    retry: RetryPolicy
 
 
 class App:
@@ -112,8 +92,6 @@ class App:
         **options: Any,
     ) -> Worker:
         """A worker for this app's handlers (see ``homing.worker.Worker`` for the options)."""
-        from homing.worker.runtime import Worker
-
         return Worker(self, db=db, concurrency=concurrency, types=types, **options)
 
     def run(

@@ -1,0 +1,158 @@
+"""The completer thread: writes the outcomes of handlers that did not write through
+``ctx.connection``, many jobs per commit (group commit).
+
+Plain completions (no ``on_complete`` writes) of a batch go in one statement that commits
+by itself (``Database.complete_each``: one round trip on PostgreSQL); the refused ones
+(a lost lease) are reported as lost. Retries, failures and completions with
+``on_complete`` writes go in one transaction; if one of them is refused, the transaction
+is rolled back and the batch written job by job. A job counts as finished only after its
+commit: nothing is acknowledged before it.
+"""
+
+from __future__ import annotations
+
+import queue
+from typing import TYPE_CHECKING
+
+from homing.errors import InvalidState, JobNotFound, StaleLease
+from homing.worker.outcome import OnCompleteFailed, Outcome, failure_outcome, record
+
+if TYPE_CHECKING:
+    from homing.worker.runtime import Worker
+
+BATCH = 256  # outcomes written per commit, at most
+
+
+def complete_outcomes(w: Worker) -> None:
+    while True:
+        first = w._outcomes.get()
+        if first is None:
+            return
+        batch = [first]
+        stop = False
+        while len(batch) < BATCH:
+            try:
+                item = w._outcomes.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                stop = True
+                break
+            batch.append(item)
+        write_outcomes(w, batch)
+        if stop:
+            return
+
+
+def write_outcomes(w: Worker, batch: list[Outcome]) -> None:
+    """Write a batch of outcomes, per shard: plain completions in one statement, the rest
+    in one transaction."""
+    by_shard: dict[int, list[Outcome]] = {}
+    for outcome in batch:
+        by_shard.setdefault(w.shard_of(outcome.ctx.job), []).append(outcome)
+    for items in by_shard.values():
+        plain = [o for o in items if o.action == "complete" and not o.ctx._on_complete]
+        if plain:
+            write_completions(w, plain)
+        if len(plain) < len(items):
+            write(w, [o for o in items if o.action != "complete" or o.ctx._on_complete])
+
+
+def write_completions(w: Worker, items: list[Outcome]) -> None:
+    """Plain completions: one statement that commits by itself (``complete_each``). A job
+    whose lease was lost is refused there and reported as lost; the others are done."""
+    items.sort(key=lambda o: o.ctx.job.id)  # one lock order: no deadlocks on PostgreSQL
+    try:
+        refused = w.db.complete_each([o.ctx.job for o in items])
+    except Exception as exc:  # nothing was written; leases will expire
+        for o in items:
+            w.finish_job(
+                o.ctx,
+                "error",
+                error=f"could not record the outcome ({o.label}): {exc}; the job runs "
+                "again when its lease expires",
+            )
+        return
+    lost = {job.id: exc for job, exc in refused}
+    for o in items:
+        if o.ctx.job.id in lost:
+            w.finish_job(o.ctx, "lease_lost", error=str(lost[o.ctx.job.id]))
+        else:
+            w.finish_job(o.ctx, o.label)
+
+
+def write(w: Worker, items: list[Outcome]) -> None:
+    """Write a batch of outcomes in one transaction. Completions go in one statement
+    per lease (``complete_many``, all or none); if one of them is refused (a lost
+    lease), the transaction is rolled back and the batch written job by job, so the
+    others still count."""
+    items.sort(key=lambda o: o.ctx.job.id)  # one lock order: no deadlocks on PostgreSQL
+    try:
+        try:
+            write_batch(w, items, bulk=True)
+        except (StaleLease, InvalidState, JobNotFound, OnCompleteFailed):
+            if any(o.ctx._on_complete for o in items):
+                items[:] = [write_alone(w, o) for o in items]
+            else:
+                write_batch(w, items, bulk=False)
+    except Exception as exc:  # nothing was written; leases will expire
+        for o in items:
+            w.finish_job(
+                o.ctx,
+                "error",
+                error=f"could not record the outcome ({o.label}): {exc}; the job runs "
+                "again when its lease expires",
+            )
+        return
+    for o in items:
+        if o.result is not None:
+            w.finish_job(o.ctx, "lease_lost", error=str(o.result))
+        else:
+            w.finish_job(o.ctx, o.label, error=o.error, retry_in=o.retry_in)
+
+
+def write_batch(w: Worker, items: list[Outcome], *, bulk: bool) -> None:
+    for o in items:
+        o.result = None
+    with w.transaction_for(items[0].ctx.job) as tx:
+        completions = [o.ctx.job for o in items if o.action == "complete"]
+        if bulk and completions:
+            tx.complete_many(completions)
+            for o in items:
+                if o.action == "complete" and o.ctx._on_complete:
+                    try:
+                        o.ctx._run_on_complete(tx)
+                    except Exception as exc:  # roll back; written one by one instead
+                        raise OnCompleteFailed(str(exc)) from exc
+        for o in items:
+            if bulk and o.action == "complete":
+                continue
+            try:
+                record(tx, o)
+            except (StaleLease, InvalidState, JobNotFound) as exc:
+                o.result = exc
+
+
+def write_alone(w: Worker, o: Outcome) -> Outcome:
+    """One outcome in its own transaction (the fallback when a batch was refused). A
+    completion whose ``on_complete`` writes raise becomes that job's failure."""
+    o.result = None
+    try:
+        with w.transaction_for(o.ctx.job) as tx:
+            record(tx, o)
+            if o.action == "complete":
+                o.ctx._run_on_complete(tx)
+        return o
+    except (StaleLease, InvalidState, JobNotFound) as exc:
+        o.result = exc
+        return o
+    except Exception as exc:
+        if o.action != "complete":
+            raise
+        failure = failure_outcome(w, o.ctx, exc)
+        try:
+            with w.transaction_for(o.ctx.job) as tx:
+                record(tx, failure)
+        except (StaleLease, InvalidState, JobNotFound) as lost:
+            failure.result = lost
+        return failure

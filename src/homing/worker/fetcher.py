@@ -1,0 +1,80 @@
+"""The fetcher thread: grabs as many jobs as there are free handler slots (plus
+``prefetch``), in one ``grab_many``, and hands them to the runners. When nothing is
+available it waits on the store's wake-up (``Database.wakeup``): a NOTIFY on PostgreSQL,
+a back-off poll on SQLite."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+from homing._failpoints import failpoint
+from homing.worker.context import JobContext
+
+if TYPE_CHECKING:
+    from homing.worker.runtime import Worker
+
+log = logging.getLogger("homing.worker")
+
+
+def free_slots(w: Worker) -> int:
+    """Wait until a handler slot is free and nothing waits to run; return how many jobs
+    to grab: the free slots plus ``prefetch`` more, so one grab serves several handlers.
+    Outcomes waiting for the completer hold no slot, so grabbing overlaps with writing
+    them; their backlog is bounded by four times the capacity. 0 when stopping."""
+    low_water = w.concurrency if w.prefetch else w.concurrency - 1
+    capacity = w.concurrency + w.prefetch
+    with w._slots:
+        while (
+            w._active > low_water or w._inflight - w._active > 4 * capacity
+        ) and not w._stopping.is_set():
+            w._slots.wait(1.0)
+        return 0 if w._stopping.is_set() else capacity - w._active
+
+
+def fetch_jobs(w: Worker) -> None:
+    errors = 0
+    wakeup = w.wakeup
+    while not w._stopping.is_set():
+        free = free_slots(w)
+        if not free:
+            break
+        try:
+            jobs = w.db.grab_many(w.types, lock_for=w.lock_for, limit=free, worker_id=w.worker_id)
+            errors = 0
+        except Exception as exc:  # the store is down: wait and retry
+            errors += 1
+            log.warning("grab failed (%s); retrying", exc)
+            w._stopping.wait(min(5.0, 0.1 * 2**errors))
+            continue
+        if jobs:
+            hand_out(w, [JobContext(w, j, w.app.handler(j.type)) for j in jobs])
+            wakeup.reset()
+            continue
+        if w.until_idle and stop_if_idle(w):
+            break
+        wakeup.wait(w.idle_wait)
+
+
+def hand_out(w: Worker, contexts: list[JobContext]) -> None:
+    with w._slots:
+        w._inflight += len(contexts)
+        w._active += len(contexts)
+        for ctx in contexts:
+            w._held[ctx.job.id] = ctx
+        w.stats.grabbed += len(contexts)
+    failpoint("worker.after_grab")
+    for ctx in contexts:
+        w._ready.put(ctx)
+
+
+def stop_if_idle(w: Worker) -> bool:
+    """``until_idle``: stop once a grab found nothing and nothing is held."""
+    with w._slots:
+        idle = w._inflight == 0
+    if idle:
+        w._stopping.set()
+        if not w._running:  # started with start(): nobody else shuts down
+            threading.Thread(target=w._shutdown, daemon=True).start()
+    return idle
