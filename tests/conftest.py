@@ -198,3 +198,19 @@ def open_db(store_url: str) -> Callable[..., homing.Database]:
     yield _open  # type: ignore[misc]
     for d in opened:
         d.close()
+
+
+@pytest.fixture(params=["sqlite", "postgres", "sharded"])
+def jobs(
+    request: pytest.FixtureRequest, tmp_path: Path, clock: homing.ManualClock
+) -> Iterator[homing.JobAPI]:
+    """The job API on SQLite, PostgreSQL and a two-shard PostgreSQL store, with a manual
+    clock: the same tests hold for all three."""
+    kind = str(request.param)
+    factory = StoreFactory("sqlite" if kind == "sqlite" else "postgres", tmp_path)
+    urls = [factory.url("s0"), factory.url("s1")] if kind == "sharded" else factory.url()
+    database = homing.connect(urls, clock=clock)
+    assert isinstance(database, homing.JobAPI)
+    yield database
+    database.close()
+    factory.cleanup()

@@ -4,26 +4,62 @@ import homing
 
 
 def test_public_names() -> None:
-    assert set(homing.__all__) >= {
-        "connect",
-        "Database",
-        "ShardedDatabase",
-        "Transaction",
-        "Job",
-        "JobSpec",
-        "JobDetails",
-        "HomingError",
-        "InvalidArgument",
-        "StaleLease",
-        "JobNotFound",
-        "PermanentFailure",
-        "ManualClock",
-        "uuid7",
-        "App",
-        "RetryPolicy",
-    }
+    """Exactly these names: adding one is a decision too (it becomes a promise)."""
+    assert sorted(homing.__all__) == sorted(
+        [
+            "App",
+            "Clock",
+            "ConfigurationError",
+            "Database",
+            "Failure",
+            "Holder",
+            "HomingError",
+            "InvalidArgument",
+            "InvalidFilter",
+            "InvalidState",
+            "Job",
+            "JobAPI",
+            "JobDetails",
+            "JobNotFound",
+            "JobSpec",
+            "JobState",
+            "ManualClock",
+            "NotFound",
+            "PayloadTooLarge",
+            "PermanentFailure",
+            "RetryPolicy",
+            "SchemaError",
+            "ShardedDatabase",
+            "StaleLease",
+            "StoreUnavailable",
+            "SystemClock",
+            "Transaction",
+            "connect",
+            "uuid7",
+        ]
+    )
     for name in homing.__all__:
         assert hasattr(homing, name), name
+
+
+def test_worker_public_names() -> None:
+    import homing.worker
+
+    assert sorted(homing.worker.__all__) == [
+        "DEFAULT",
+        "NEVER",
+        "SMTP",
+        "App",
+        "Handler",
+        "JobContext",
+        "LeaseLost",
+        "RetryLater",
+        "RetryPolicy",
+        "Worker",
+        "WorkerStats",
+    ]
+    for name in homing.worker.__all__:
+        assert hasattr(homing.worker, name), name
 
 
 def test_uuid7_is_time_ordered_and_unique() -> None:

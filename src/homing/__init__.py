@@ -1,7 +1,7 @@
 """homing: exactly-once messaging, durable jobs and data pipelines on SQLite or PostgreSQL."""
 
 from homing.clock import Clock, ManualClock, SystemClock
-from homing.database import Database, ShardedDatabase, Transaction, connect
+from homing.database import Database, JobAPI, ShardedDatabase, Transaction, connect
 from homing.errors import (
     ConfigurationError,
     HomingError,
@@ -17,7 +17,7 @@ from homing.errors import (
     StoreUnavailable,
 )
 from homing.ids import uuid7
-from homing.jobs import Failure, Holder, Job, JobDetails, JobSpec
+from homing.jobs import Failure, Holder, Job, JobDetails, JobSpec, JobState
 from homing.worker import App, RetryPolicy
 
 __version__ = "0.1.0"
@@ -34,9 +34,11 @@ __all__ = [
     "InvalidFilter",
     "InvalidState",
     "Job",
+    "JobAPI",
     "JobDetails",
     "JobNotFound",
     "JobSpec",
+    "JobState",
     "ManualClock",
     "NotFound",
     "PayloadTooLarge",

@@ -7,9 +7,9 @@ import threading
 import time
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from homing.clock import Clock
 from homing.errors import ConfigurationError, HomingError, InvalidArgument, JobNotFound
@@ -26,6 +26,92 @@ from homing.store import jobs_queries as q
 from homing.store import open_store
 from homing.store.protocol import Store, Tx, Wakeup
 from homing.store.wakeup import AnyWakeup
+
+
+@runtime_checkable
+class JobAPI(Protocol):
+    """The job API that a single store (``Database``) and a sharded one
+    (``ShardedDatabase``) both offer: code and tests written against it run on either."""
+
+    @property
+    def dialect(self) -> str: ...
+
+    def insert(
+        self,
+        type: str,
+        args: Any = None,
+        *,
+        priority: int = 0,
+        run_at: float | datetime | None = None,
+        unique_key: str | None = None,
+    ) -> str: ...
+
+    def insert_many(self, jobs: Iterable[JobSpec | tuple[str, Any]]) -> list[str]: ...
+
+    def grab(
+        self,
+        types: str | Sequence[str],
+        *,
+        lock_for: float,
+        where: Mapping[str, Any] | None = None,
+        worker_id: str | None = None,
+    ) -> Job | None: ...
+
+    def grab_many(
+        self,
+        types: str | Sequence[str],
+        *,
+        lock_for: float,
+        limit: int,
+        where: Mapping[str, Any] | None = None,
+        worker_id: str | None = None,
+    ) -> list[Job]: ...
+
+    def complete(self, job: Job | str, *, lease_token: str | None = None) -> None: ...
+
+    def complete_many(self, jobs: Iterable[Job]) -> None: ...
+
+    def complete_each(self, jobs: Iterable[Job]) -> list[tuple[Job, HomingError]]: ...
+
+    def temp_fail(
+        self, job: Job | str, message: str, *, retry_in: float, lease_token: str | None = None
+    ) -> float: ...
+
+    def perm_fail(
+        self, job: Job | str, message: str, *, lease_token: str | None = None
+    ) -> None: ...
+
+    def extend(
+        self, job: Job | str, lock_for: float, *, lease_token: str | None = None
+    ) -> float: ...
+
+    def release(
+        self, job: Job | str, message: str = "released", *, lease_token: str | None = None
+    ) -> None: ...
+
+    def replace(
+        self,
+        job: Job | str,
+        jobs: Iterable[JobSpec | tuple[str, Any]],
+        *,
+        lease_token: str | None = None,
+    ) -> list[str]: ...
+
+    def details(self, handle: str) -> JobDetails: ...
+
+    def redrive(self, handle: str) -> None: ...
+
+    def migrate(self) -> list[str]: ...
+
+    def gc(self, *, older_than: float | None = None) -> int: ...
+
+    def stats(self, *, window: float = 60.0) -> list[dict[str, Any]]: ...
+
+    def wait_for_jobs(self, timeout: float) -> bool: ...
+
+    def wakeup(self, *, min_poll: float = 0.002, max_poll: float = 0.1) -> Wakeup: ...
+
+    def close(self) -> None: ...
 
 
 class _JobAPI:
@@ -304,8 +390,12 @@ class ShardedDatabase:
         )
 
     def insert_many(self, jobs: Iterable[JobSpec | tuple[str, Any]]) -> list[str]:
+        """Atomic per shard. Every job is checked before any shard is written, so bad input
+        writes nothing anywhere."""
+        specs = list(jobs)
+        self.shards[0]._ops.new_jobs(specs)  # raises for bad input, before any write
         groups: dict[int, list[tuple[int, JobSpec | tuple[str, Any]]]] = {}
-        for i, spec in enumerate(jobs):
+        for i, spec in enumerate(specs):
             groups.setdefault(self._shard_of_spec(spec), []).append((i, spec))
         out: dict[int, str] = {}
         for shard, items in groups.items():
@@ -348,8 +438,19 @@ class ShardedDatabase:
         self._by_handle(job).complete(job, lease_token=lease_token)
 
     def complete_many(self, jobs: Iterable[Job]) -> None:
+        """All or none against refusals: each shard's part is completed in a transaction
+        of that shard, and the transactions commit only when every part applied (a stale
+        lease anywhere rolls back all of them). Only a crash between the shards' commits
+        could leave one shard's part done; each job lives on one shard, so no job is ever
+        completed twice."""
+        groups: dict[int, list[Job]] = {}
         for job in jobs:
-            self.complete(job)
+            if not isinstance(job, Job):
+                raise InvalidArgument(f"complete_many takes Job objects from grab, got {job!r}")
+            groups.setdefault(self.shards.index(self._by_handle(job)), []).append(job)
+        with ExitStack() as stack:
+            for shard, group in sorted(groups.items()):
+                stack.enter_context(self.shards[shard].transaction()).complete_many(group)
 
     def complete_each(self, jobs: Iterable[Job]) -> list[tuple[Job, HomingError]]:
         """Per shard, one statement; see ``Database.complete_each``."""

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from homing import ids
 from homing.errors import (
@@ -27,6 +27,9 @@ from homing.errors import (
 )
 from homing.store import jobs_queries as q
 from homing.store.protocol import Store, Tx
+
+JobState = Literal["ready", "running", "done", "failed"]
+FailureKind = Literal["temp_fail", "perm_fail", "lease_expired", "released"]
 
 DEFAULT_MAX_ARGS_BYTES = 1024 * 1024
 DEFAULT_RETENTION_S = 7 * 24 * 3600.0
@@ -74,7 +77,7 @@ class Holder:
 class Failure:
     at: float
     attempt: int
-    kind: str  # temp_fail | perm_fail | lease_expired | released
+    kind: FailureKind
     host: str | None
     pid: int | None
     worker: str | None
@@ -86,7 +89,7 @@ class JobDetails:
     handle: str
     type: str
     args: Any
-    state: str  # ready | running | done | failed
+    state: JobState
     priority: int
     attempts: int
     run_at: float

@@ -20,7 +20,7 @@ from homing.store.wakeup import NotifyWakeup
 try:
     import psycopg
     from psycopg import sql as pgsql
-    from psycopg_pool import ConnectionPool, PoolTimeout
+    from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ConfigurationError(
         "the PostgreSQL backend needs psycopg 3: pip install 'homing[postgres]'"
@@ -201,6 +201,8 @@ class PostgresStore:
         try:
             with self.pool.connection(timeout=60) as conn:
                 yield conn
+        except PoolClosed as exc:
+            raise StoreUnavailable(f"store {_redact(self.conninfo)} was closed") from exc
         except PoolTimeout as exc:
             raise StoreUnavailable(
                 f"no PostgreSQL connection free within 60s ({_redact(self.conninfo)})"

@@ -1,0 +1,207 @@
+"""The store seam itself (``Store`` / ``Tx``), run on both backends: what every part of
+homing relies on when it opens a transaction, so that a new backend, or a change to one,
+is caught here rather than in a face's chaos test."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from homing.errors import StoreUnavailable
+from homing.store import open_store
+from homing.store.protocol import Capabilities, Store
+from tests.conftest import StoreFactory
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[Store]:
+    s = open_store(store_url)
+    s.migrate()
+    with s.transaction() as tx:
+        tx.execute("CREATE TABLE contract_t (k TEXT PRIMARY KEY, v INTEGER NOT NULL)")
+    yield s
+    s.close()
+
+
+def rows(store: Store) -> dict[str, int]:
+    with store.transaction(write=False) as tx:
+        return {str(k): int(v) for k, v in tx.query("SELECT k, v FROM contract_t")}
+
+
+def put(tx, k: str, v: int) -> None:  # type: ignore[no-untyped-def]
+    tx.execute("INSERT INTO contract_t (k, v) VALUES (?, ?)", (k, v))
+
+
+def test_the_store_says_what_it_is(store: Store) -> None:
+    assert isinstance(store, Store)
+    assert isinstance(store.capabilities, Capabilities)
+    assert store.dialect in ("sqlite", "postgres")
+    with store.transaction() as tx:
+        assert tx.store is store and tx.dialect == store.dialect and tx.sql.name == store.dialect
+
+
+def test_a_transaction_commits_or_rolls_back_as_a_whole(store: Store) -> None:
+    with store.transaction() as tx:
+        put(tx, "a", 1)
+        put(tx, "b", 2)
+    with pytest.raises(RuntimeError), store.transaction() as tx:
+        put(tx, "c", 3)
+        raise RuntimeError("boom")
+    assert rows(store) == {"a": 1, "b": 2}
+
+
+def test_inner_calls_join_the_open_transaction(store: Store) -> None:
+    assert store.in_transaction() is None
+    with pytest.raises(RuntimeError), store.transaction() as outer:
+        assert store.in_transaction() is outer
+        with store.transaction() as inner, store.statement() as stmt:
+            assert inner is outer and stmt is outer
+            put(inner, "x", 1)
+        raise RuntimeError("the outer block fails: the inner write goes too")
+    assert store.in_transaction() is None
+    assert rows(store) == {}
+
+
+def test_a_statement_commits_by_itself(store: Store) -> None:
+    with store.statement() as tx:
+        put(tx, "s", 1)
+    assert rows(store) == {"s": 1}
+
+
+def test_after_commit_callbacks_run_once_after_the_commit_and_never_after_a_rollback(
+    store: Store,
+) -> None:
+    seen: list[str] = []
+    with store.transaction() as tx:
+        put(tx, "a", 1)
+        tx.call_after_commit(lambda: seen.append(f"committed {rows(store)}"))
+        assert seen == []
+    assert seen == ["committed {'a': 1}"]
+    with pytest.raises(RuntimeError), store.transaction() as tx:
+        tx.call_after_commit(lambda: seen.append("rolled back"))
+        raise RuntimeError("no")
+    with store.statement() as tx:
+        tx.call_after_commit(lambda: seen.append("statement"))
+    assert seen == ["committed {'a': 1}", "statement"]
+
+
+def test_savepoints_undo_only_their_own_work_and_their_callbacks(store: Store) -> None:
+    seen: list[str] = []
+    with store.transaction() as tx:
+        put(tx, "kept", 1)
+        tx.call_after_commit(lambda: seen.append("outer"))
+        with pytest.raises(ValueError), tx.savepoint():
+            put(tx, "undone", 2)
+            tx.call_after_commit(lambda: seen.append("undone"))
+            raise ValueError("this unit fails")
+        with tx.savepoint():
+            put(tx, "released", 3)
+            tx.call_after_commit(lambda: seen.append("released"))
+            with pytest.raises(KeyError), tx.savepoint():  # nested
+                put(tx, "inner", 4)
+                tx.call_after_commit(lambda: seen.append("inner"))
+                raise KeyError("inner fails")
+        put(tx, "after", 5)  # the transaction is still usable, on PostgreSQL too
+    assert rows(store) == {"kept": 1, "released": 3, "after": 5}
+    assert seen == ["outer", "released"]
+
+
+def test_a_failed_statement_inside_a_savepoint_leaves_the_transaction_usable(
+    store: Store,
+) -> None:
+    with store.transaction() as tx:
+        put(tx, "a", 1)
+        with pytest.raises(Exception), tx.savepoint():  # noqa: B017 - the driver's own error
+            put(tx, "a", 2)  # primary key violation
+        put(tx, "b", 2)
+    assert rows(store) == {"a": 1, "b": 2}
+
+
+def test_placeholders_and_percent_signs_travel_safely(store: Store) -> None:
+    hostile = "50% off'; DROP TABLE contract_t; --"
+    with store.transaction() as tx:
+        put(tx, hostile, 1)
+        clause, params = tx.sql.in_list("k", [hostile, "nope"])
+        found = tx.query(f"SELECT k FROM contract_t WHERE {clause} AND k LIKE '%off%'", params)
+    assert found == [(hostile,)]
+
+
+def test_concurrent_writers_lose_no_update(store_url: str, store: Store) -> None:
+    """Read-modify-write in transactions from two threads with stores of their own (two
+    processes' worth of connections): every increment lands."""
+    with store.transaction() as tx:
+        put(tx, "n", 0)
+    lock = tx.sql.lock_rows
+    other = open_store(store_url)
+
+    def bump(s: Store) -> None:
+        for _ in range(50):
+            with s.transaction() as t:
+                (v,) = t.query_one(f"SELECT v FROM contract_t WHERE k = ?{lock}", ("n",)) or (0,)
+                t.execute("UPDATE contract_t SET v = ? WHERE k = ?", (v + 1, "n"))
+
+    threads = [threading.Thread(target=bump, args=(s,)) for s in (store, other)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    other.close()
+    assert rows(store) == {"n": 100}
+
+
+def test_wakeup_reaches_another_store_or_polls(stores: StoreFactory) -> None:
+    url = stores.url("wake")
+    a, b = open_store(url), open_store(url)
+    try:
+        waiter = a.wakeup("contract_chan", min_poll=0.01, max_poll=0.05)
+        started = time.monotonic()
+        if a.capabilities.notifications:
+            assert waiter.wait(0.05) is False  # nothing announced yet
+            threading.Timer(0.2, lambda: _announce(b)).start()
+            assert waiter.wait(10) is True
+            assert time.monotonic() - started < 5
+        else:
+            waiter.wait(10)  # a poll step, not the whole timeout
+            assert time.monotonic() - started < 1
+        threading.Timer(0.1, waiter.interrupt).start()
+        t0 = time.monotonic()
+        waiter.wait(5)
+        assert time.monotonic() - t0 < 2.5  # interrupt wakes it early
+    finally:
+        a.close()
+        b.close()
+
+
+def _announce(store: Store) -> None:
+    with store.transaction() as tx:
+        store.notify(tx, "contract_chan")
+
+
+@pytest.mark.parametrize("backend", ["postgres"])  # the backend with notifications
+def test_a_notification_is_sent_only_on_commit(stores: StoreFactory) -> None:
+    url = stores.url("wake")
+    a, b = open_store(url), open_store(url)
+    try:
+        assert a.capabilities.notifications
+        waiter = a.wakeup("contract_chan")
+        with pytest.raises(RuntimeError), b.transaction() as tx:
+            b.notify(tx, "contract_chan")
+            raise RuntimeError("rolled back: nobody may be woken")
+        assert waiter.wait(0.5) is False
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_closed_store_refuses_work_clearly(store_url: str) -> None:
+    s = open_store(store_url)
+    s.close()
+    with pytest.raises(StoreUnavailable, match="closed"), s.transaction() as tx:
+        tx.query("SELECT 1")
+
+
+def test_migrations_apply_once(store: Store) -> None:
+    assert store.migrate() == []
