@@ -45,19 +45,21 @@ def test_public_names() -> None:
 def test_worker_public_names() -> None:
     import homing.worker
 
-    assert sorted(homing.worker.__all__) == [
-        "DEFAULT",
-        "NEVER",
-        "SMTP",
-        "App",
-        "Handler",
-        "JobContext",
-        "LeaseLost",
-        "RetryLater",
-        "RetryPolicy",
-        "Worker",
-        "WorkerStats",
-    ]
+    assert sorted(homing.worker.__all__) == sorted(
+        [
+            "DEFAULT",
+            "NEVER",
+            "SMTP",
+            "App",
+            "Handler",
+            "JobContext",
+            "LeaseLost",
+            "RetryLater",
+            "RetryPolicy",
+            "Worker",
+            "WorkerStats",
+        ]
+    )
     for name in homing.worker.__all__:
         assert hasattr(homing.worker, name), name
 
