@@ -162,15 +162,18 @@ def to_timestamp(name: str, value: Any, default: float) -> float:
     return check_seconds(name, value, allow_zero=True)
 
 
+_COMPACT = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+
+
 def encode_json(value: Any, limit: int, *, what: str, setting: str) -> str:
     """Compact JSON text of ``value`` within ``limit`` bytes, or a clear InvalidArgument."""
     try:
-        text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+        text = _COMPACT.encode(value)  # one encoder: json.dumps with options builds one a call
     except (TypeError, ValueError) as exc:
         raise InvalidArgument(
             f"{what} must be JSON (dict, list, str, number, bool, None; no NaN): {exc}"
         ) from exc
-    size = len(text.encode())
+    size = len(text) if text.isascii() else len(text.encode())
     if size > limit:
         raise PayloadTooLarge(
             f"{what}: {size} bytes, over the limit of {limit}; store large data elsewhere "

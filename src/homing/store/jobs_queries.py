@@ -7,7 +7,7 @@ import time
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from homing.errors import InvalidFilter
 from homing.store.dialect import GrabRequest, SqlDialect
@@ -37,8 +37,9 @@ _COLS = ", ".join(JOB_COLUMNS)
 _J_COLS = ", ".join(f"j.{c}" for c in JOB_COLUMNS)
 
 
-@dataclass(frozen=True)
-class NewJob:
+class NewJob(NamedTuple):
+    """A job to insert; its fields are in the order the dialects' ``insert_jobs`` takes."""
+
     id: str
     type: str
     args_json: str
