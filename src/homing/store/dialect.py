@@ -86,7 +86,8 @@ class SqlDialect:
         raise NotImplementedError
 
     def grab_staged(self, tx: Tx, g: GrabRequest, columns: str) -> list[tuple[Any, ...]]:
-        """Lease jobs of committed staged batches (taken after the ordinary ones)."""
+        """Lease jobs of committed staged batches, asked for when ``grab`` did not fill the
+        request (a dialect whose ``grab`` takes them itself returns [])."""
         raise NotImplementedError
 
     def finish_leased(self, tx: Tx, pairs: Sequence[tuple[str, str]], *, now: float) -> set[str]:

@@ -266,6 +266,7 @@ def grab_jobs(
         where_sql = " AND " + clause
     key = tuple(types)
     marks = _expiry_marks(tx.store)
+    low = marks.start(key, now) if marks is not None else None
     request = GrabRequest(
         types=key,
         now=now,
@@ -277,9 +278,9 @@ def grab_jobs(
         limit=limit,
         where_sql=where_sql,
         where_params=where_params,
+        expired_after=low,
     )
-    low = marks.start(key, now) if marks is not None else None
-    rows = tx.sql.grab(tx, replace(request, expired_after=low), _COLS)
+    rows = tx.sql.grab(tx, request, _COLS)
     if marks is not None:
         taken = sum(1 for r in rows if r[-5] == "running")
         marks.advance(key, now, low, filled=taken >= limit)

@@ -1,0 +1,170 @@
+"""What an empty grab costs on PostgreSQL as finished jobs pile up before VACUUM.
+
+``python bench/grab_cost.py [--points 0 10000 50000] [--out bench/results/grab_cost.json]``
+
+For each point K: a fresh schema with autovacuum off; K jobs inserted, grabbed and
+completed (so their old row versions and index entries are dead but not vacuumed); then
+the grab of an empty queue is run through ``EXPLAIN (ANALYZE, BUFFERS)`` (the exact
+statements homing sends, captured from the job API) and timed from the client, next to
+the raw SKIP LOCKED loop of ``bench/drivers/raw_sql.py`` on a table that went through the
+same K jobs. Reported: shared buffers touched and server execution time per empty grab,
+and client round-trip time (median of 200). The ratio homing / raw is the target's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+import homing  # noqa: E402
+from homing.store import jobs_queries as q  # noqa: E402
+
+PG = "postgresql://postgres@127.0.0.1:5432/test"
+RAW_DDL = (
+    "CREATE TABLE raw_jobs (id BIGSERIAL PRIMARY KEY, state SMALLINT NOT NULL DEFAULT 0, "
+    "payload TEXT NOT NULL) WITH (autovacuum_enabled = false)",
+    "CREATE INDEX raw_jobs_ready ON raw_jobs (id) WHERE state = 0",
+)
+RAW_GRAB = (
+    "UPDATE raw_jobs SET state = 1 WHERE id IN (SELECT id FROM raw_jobs WHERE state = 0 "
+    "ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED) RETURNING id, payload"
+)
+
+
+def explain(conn: psycopg.Connection, sql: str, params: Any) -> tuple[int, float]:
+    """(shared buffers hit+read, execution ms) of one statement, rolled back; the median of
+    5 runs, taken after the timed runs (so dead index entries are already marked killed, as
+    they are for a grabber that polls)."""
+    runs = []
+    for _ in range(5):
+        with conn.transaction(force_rollback=True):
+            plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params).fetchone()
+        top = plan[0][0]  # type: ignore[index]
+        runs.append((_buffers(top["Plan"]), float(top["Execution Time"])))
+    return int(statistics.median(r[0] for r in runs)), statistics.median(r[1] for r in runs)
+
+
+def _buffers(node: dict[str, Any]) -> int:
+    own = int(node.get("Shared Hit Blocks", 0)) + int(node.get("Shared Read Blocks", 0))
+    return max([own] + [_buffers(c) for c in node.get("Plans", [])])
+
+
+class _Capture:
+    """A stand-in transaction that records the grab's statements instead of running them."""
+
+    def __init__(self, tx: Any) -> None:
+        self.real = tx
+        self.statements: list[tuple[str, list[Any]]] = []
+        self.sql = getattr(tx, "sql", None)  # (absent before the dialect objects)
+        self.store = tx.store
+        self.dialect = tx.dialect
+
+    def query(self, sql: str, params: Any = ()) -> list[Any]:
+        self.statements.append((self.real._sql(sql), list(params)))
+        return []
+
+
+def homing_point(k: int, schema: str) -> dict[str, Any]:
+    url = f"{PG}?schema={schema}"
+    db = homing.connect(url)
+    assert isinstance(db, homing.Database)
+    with db.store.transaction() as tx:
+        tx.execute("ALTER TABLE homing_jobs SET (autovacuum_enabled = false)")
+    for start in range(0, k, 1000):
+        n = min(1000, k - start)
+        db.insert_many([("t", {"i": start + i}) for i in range(n)])
+        db.complete_many(db.grab_many("t", lock_for=60, limit=n))
+    # the statements of one empty grab, captured from the job API
+    with db.store.transaction() as tx:
+        cap = _Capture(tx)
+        lease = q.Lease("tok", time.time() + 60, "h", 1, "w")
+        q.grab_jobs(cap, ["t"], now=time.time(), lease=lease, limit=1, where=None)  # type: ignore[arg-type]
+    times = []
+    for _ in range(200):
+        t = time.perf_counter()
+        assert db.grab_many("t", lock_for=60, limit=1) == []
+        times.append(time.perf_counter() - t)
+    db.close()
+    with psycopg.connect(PG, autocommit=True, options=f"-c search_path={schema}") as conn:
+        plans = [explain(conn, sql, params) for sql, params in cap.statements]
+    return {
+        "statements": len(plans),
+        "buffers": sum(p[0] for p in plans),
+        "server_ms": sum(p[1] for p in plans),
+        "client_us": statistics.median(times) * 1e6,
+    }
+
+
+def raw_point(k: int, schema: str) -> dict[str, Any]:
+    with psycopg.connect(PG, autocommit=True) as admin:
+        admin.execute(f"CREATE SCHEMA {schema}")
+    with psycopg.connect(PG, autocommit=True, options=f"-c search_path={schema}") as conn:
+        for ddl in RAW_DDL:
+            conn.execute(ddl)
+        for start in range(0, k, 1000):
+            n = min(1000, k - start)
+            conn.execute(
+                "INSERT INTO raw_jobs (payload) SELECT 'x' FROM generate_series(1, %s)", (n,)
+            )
+            ids = [r[0] for r in conn.execute(RAW_GRAB, (n,)).fetchall()]
+            conn.execute("UPDATE raw_jobs SET state = 2 WHERE id = ANY(%s)", (ids,))
+        times = []
+        for _ in range(200):
+            t = time.perf_counter()
+            assert conn.execute(RAW_GRAB, (1,)).fetchall() == []
+            times.append(time.perf_counter() - t)
+        buffers, server_ms = explain(conn, RAW_GRAB, (1,))
+    return {
+        "statements": 1,
+        "buffers": buffers,
+        "server_ms": server_ms,
+        "client_us": statistics.median(times) * 1e6,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--points", type=int, nargs="*", default=[0, 10_000, 50_000])
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "grab_cost.json")
+    args = ap.parse_args()
+    rows = []
+    tag = f"{int(time.time())}"
+    try:
+        for k in args.points:
+            h = homing_point(k, f"gc_h_{tag}_{k}")
+            r = raw_point(k, f"gc_r_{tag}_{k}")
+            rows.append({"finished_jobs": k, "homing": h, "raw": r})
+            print(
+                f"{k:>7} finished: homing {h['buffers']:>5} buffers {h['server_ms'] * 1000:>7.0f} us "
+                f"server ({h['statements']} stmt), {h['client_us']:>6.0f} us client | raw "
+                f"{r['buffers']:>5} buffers {r['server_ms'] * 1000:>7.0f} us server, "
+                f"{r['client_us']:>6.0f} us client | server ratio "
+                f"{h['server_ms'] / max(r['server_ms'], 1e-6):.2f}x",
+                flush=True,
+            )
+    finally:
+        with psycopg.connect(PG, autocommit=True) as admin:
+            for k in args.points:
+                for kind in ("h", "r"):
+                    admin.execute(f"DROP SCHEMA IF EXISTS gc_{kind}_{tag}_{k} CASCADE")
+    doc = {
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "load": list(__import__("os").getloadavg()),
+        "rows": rows,
+    }
+    args.out.write_text(json.dumps(doc, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
