@@ -132,6 +132,73 @@ def raw_point(k: int, schema: str) -> dict[str, Any]:
     }
 
 
+def _wal(conn: psycopg.Connection, sql: str, params: Any) -> int:
+    """WAL bytes one statement writes (EXPLAIN ANALYZE executes it for real)."""
+    plan = conn.execute("EXPLAIN (ANALYZE, WAL, FORMAT JSON) " + sql, params).fetchone()
+    return int(plan[0][0]["Plan"].get("WAL Bytes", 0))  # type: ignore[index]
+
+
+class _WalTx(_Capture):
+    """Runs each statement of the job API under EXPLAIN (ANALYZE, WAL), summing its WAL."""
+
+    def __init__(self, tx: Any, conn: psycopg.Connection) -> None:
+        super().__init__(tx)
+        self.conn = conn
+        self.wal = 0
+
+    def query(self, sql: str, params: Any = ()) -> list[Any]:
+        self.wal += _wal(self.conn, self.real._sql(sql), list(params))
+        return []
+
+    execute = query
+
+
+def wal_per_job(jobs: int = 300) -> dict[str, float]:
+    """WAL bytes per job of insert + grab + complete, one job per call, homing vs raw
+    (statement WAL; each side also writes one commit record per statement)."""
+    tag = f"wal_{int(time.time())}"
+    out: dict[str, float] = {}
+    try:
+        db = homing.connect(f"{PG}?schema={tag}_h")
+        assert isinstance(db, homing.Database)
+        with psycopg.connect(PG, autocommit=True, options=f"-c search_path={tag}_h") as conn:
+            with db.store.transaction() as tx:
+                w = _WalTx(tx, conn)
+            for _ in range(jobs):
+                (new,) = db._ops.new_jobs([("t", {"i": 1, "p": "x" * 80})])
+                q.insert_jobs(w, [new])  # type: ignore[arg-type]
+                lease = q.Lease("tok-" + new.id, time.time() + 60, "host", 1, "worker")
+                q.grab_jobs(w, ["t"], now=time.time(), lease=lease, limit=1, where=None)  # type: ignore[arg-type]
+                q.finish_leased(w, [(new.id, lease.token)], now=time.time())  # type: ignore[arg-type]
+            (done,) = conn.execute(
+                "SELECT count(*) FROM homing_jobs WHERE state = 'done'"
+            ).fetchone()  # type: ignore[misc]
+            assert done == jobs, done
+            out["homing"] = w.wal / jobs
+        db.close()
+        with psycopg.connect(PG, autocommit=True) as admin:
+            admin.execute(f"CREATE SCHEMA {tag}_r")
+        with psycopg.connect(PG, autocommit=True, options=f"-c search_path={tag}_r") as conn:
+            for ddl in RAW_DDL:
+                conn.execute(ddl)
+            total = 0
+            for _ in range(jobs):
+                total += _wal(
+                    conn,
+                    "INSERT INTO raw_jobs (payload) VALUES (%s)",
+                    (json.dumps({"i": 1, "p": "x" * 80}),),
+                )
+                total += _wal(conn, RAW_GRAB, (1,))
+                (last,) = conn.execute("SELECT max(id) FROM raw_jobs").fetchone()  # type: ignore[misc]
+                total += _wal(conn, "UPDATE raw_jobs SET state = 2 WHERE id = ANY(%s)", ([last],))
+            out["raw"] = total / jobs
+    finally:
+        with psycopg.connect(PG, autocommit=True) as admin:
+            for kind in ("h", "r"):
+                admin.execute(f"DROP SCHEMA IF EXISTS {tag}_{kind} CASCADE")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--points", type=int, nargs="*", default=[0, 10_000, 50_000])
@@ -157,10 +224,24 @@ def main() -> int:
             for k in args.points:
                 for kind in ("h", "r"):
                     admin.execute(f"DROP SCHEMA IF EXISTS gc_{kind}_{tag}_{k} CASCADE")
+    wal = wal_per_job()
+    print(
+        f"WAL per job (insert + grab + complete, statements): homing {wal['homing']:.0f} B, "
+        f"raw {wal['raw']:.0f} B: {wal['homing'] / wal['raw']:.2f}x "
+        f"({'PASS' if wal['homing'] <= 1.5 * wal['raw'] else 'FAIL'}, target <= 1.5x)"
+    )
+    last = rows[-1]
+    ratio = last["homing"]["server_ms"] / max(last["raw"]["server_ms"], 1e-6)
+    print(
+        f"empty grab at {last['finished_jobs']} finished jobs: server time {ratio:.2f}x the raw "
+        f"loop's ({'PASS' if ratio <= 2 else 'FAIL'}, target <= 2x); buffers "
+        f"{last['homing']['buffers']} vs {last['raw']['buffers']}"
+    )
     doc = {
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "load": list(__import__("os").getloadavg()),
         "rows": rows,
+        "wal_per_job": wal,
     }
     args.out.write_text(json.dumps(doc, indent=2))
     return 0

@@ -110,6 +110,9 @@ def plan(smoke: bool) -> list[Group]:
             enq,
         ),
         Group("transport-1", "cycle", 1, TRANSPORTS, {**cyc, "max_backlog": 5000}),
+        # Scaling of homing's worker with processes: 1 and 4 worker processes, same load.
+        Group("workers-1", "cycle", 1, ["homing-worker-pg"], {**cyc, "consumers": 1}),
+        Group("workers-4", "cycle", 1, ["homing-worker-pg"], {**cyc, "consumers": 4}),
     ]
 
 
