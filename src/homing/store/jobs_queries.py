@@ -328,18 +328,6 @@ def batch_state(tx: Tx, batch_id: str) -> str | None:
     return str(row[0]) if row is not None else None
 
 
-def abort_batch(tx: Tx, batch_id: str) -> int:
-    """Drop an uncommitted batch and the jobs staged in it; returns the jobs deleted."""
-    if batch_state(tx, batch_id) == "committed":
-        return 0
-    n = tx.rowcount("DELETE FROM homing_jobs WHERE batch_id = ? AND state = 'ready'", (batch_id,))
-    tx.execute(
-        "UPDATE homing_job_batches SET state = 'aborted' WHERE batch_id = ? AND state = 'open'",
-        (batch_id,),
-    )
-    return n
-
-
 # -- finishing ---------------------------------------------------------------------------
 def finish(tx: Tx, job_id: str, token: str, *, state: str, now: float, error: str | None) -> bool:
     """Mark a running job done or failed if ``token`` still holds its lease."""

@@ -375,11 +375,6 @@ def complete_leased(tx: Tx, lease_token: str, *, now: float) -> int:
     )
 
 
-def staged_count(tx: Tx, staged_batch: str) -> int:
-    row = tx.query_one("SELECT COUNT(*) FROM homing_jobs WHERE staged_in = ?", (staged_batch,))
-    return int(row[0]) if row else 0
-
-
 # -- the pipeline's checks (homing.pipeline) ---------------------------------------------
 def _run_filter(tx: Tx) -> str:
     return "args->>'run' = ?" if tx.dialect == "postgres" else "json_extract(args, '$.run') = ?"
