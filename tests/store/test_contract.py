@@ -205,3 +205,14 @@ def test_a_closed_store_refuses_work_clearly(store_url: str) -> None:
 
 def test_migrations_apply_once(store: Store) -> None:
     assert store.migrate() == []
+
+
+@pytest.mark.parametrize("backend", ["postgres"])  # libpq options are PostgreSQL's
+def test_libpq_options_in_the_url_reach_the_server(store_url: str) -> None:
+    """A space in ``options`` must travel as %20: libpq does not decode '+' as a space."""
+    s = open_store(store_url + "&options=-c%20statement_timeout%3D4321")
+    try:
+        with s.transaction() as tx:
+            assert tx.query_one("SHOW statement_timeout") == ("4321ms",)
+    finally:
+        s.close()

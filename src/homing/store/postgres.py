@@ -135,7 +135,9 @@ class PostgresStore:
         if not durable:
             settings.append("-c synchronous_commit=off")
         if settings:
-            kwargs["options"] = " ".join(settings)
+            # keep the URL's own libpq options (a keyword argument would replace them)
+            given = psycopg.conninfo.conninfo_to_dict(self.conninfo).get("options")
+            kwargs["options"] = " ".join([*([str(given)] if given else []), *settings])
         extra = {"options": kwargs["options"]} if "options" in kwargs else {}
         self._listen_conninfo = psycopg.conninfo.make_conninfo(self.conninfo, **extra)
         self._slot = TxSlot(f"homing-pg-tx-{id(self)}")
