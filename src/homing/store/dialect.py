@@ -72,6 +72,47 @@ class SqlDialect:
     def json_cmp(self, path: list[str], op: str, value: Any) -> tuple[str, list[Any]]:
         raise NotImplementedError
 
+    def json_text(self, expr: str) -> str:
+        """``expr`` (a JSON column) as JSON text."""
+        return expr
+
+    def args_field(self, name: str) -> str:
+        """The text of top-level field ``name`` (a constant identifier) of ``args``."""
+        raise NotImplementedError
+
+    def args_field_param(self) -> str:
+        """The text of the top-level field of ``args`` named by one bound parameter."""
+        raise NotImplementedError
+
+    # -- streams (Spark) ---------------------------------------------------------------
+    # A stream position is (key, seq): PostgreSQL's key is the inserting transaction's id,
+    # read only below the snapshot's xmin (sequences are not visible in commit order);
+    # SQLite commits one writer at a time, so seq alone is in commit order and key is 0.
+    stream_key: ClassVar[str]
+    below_xmin: ClassVar[str]  # " AND <only rows of transactions every snapshot sees>"
+
+    def stream_after(self, start: tuple[int, int]) -> tuple[str, list[Any]]:
+        raise NotImplementedError
+
+    def stream_through(self, end: tuple[int, int]) -> tuple[str, list[Any]]:
+        raise NotImplementedError
+
+    def stream_order(self, *, descending: bool = False) -> str:
+        raise NotImplementedError
+
+    def stage_jobs(
+        self, tx: Tx, insert: str, rows: Sequence[tuple[Any, ...]], batch: str, now: float
+    ) -> None:
+        """Write staged jobs (id, type, args_json, priority, run_at, parent_id) with
+        ``insert`` (an INSERT of the staging columns, ending in its ON CONFLICT clause)."""
+        raise NotImplementedError
+
+    def number_publication(
+        self, tx: Tx, batch: str, sink: str, label: str, now: float, parents: int
+    ) -> None:
+        """Record a Spark publication with the next commit-ordered number."""
+        raise NotImplementedError
+
     # -- jobs ----------------------------------------------------------------------------
     def insert_jobs(self, tx: Tx, rows: Sequence[tuple[Any, ...]], channel: str) -> None:
         """Insert new jobs (id, type, args_json, priority, run_at, unique_key, parent_id,

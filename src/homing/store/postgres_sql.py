@@ -44,6 +44,63 @@ class PostgresSql(SqlDialect):
     def notify(self, tx: Tx, channel: str) -> None:
         tx.execute("SELECT pg_notify(?, '')", (tx.store.notify_channel(channel),))  # type: ignore[attr-defined]
 
+    def json_text(self, expr: str) -> str:
+        return f"{expr}::text"
+
+    def args_field(self, name: str) -> str:
+        return f"args->>'{name}'"
+
+    def args_field_param(self) -> str:
+        return "args->>(?::text)"
+
+    # -- streams ---------------------------------------------------------------------------
+    stream_key = "xid"
+    below_xmin = " AND xid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
+
+    def stream_after(self, start: tuple[int, int]) -> tuple[str, list[Any]]:
+        return "(xid > ? OR (xid = ? AND seq > ?))", [start[0], start[0], start[1]]
+
+    def stream_through(self, end: tuple[int, int]) -> tuple[str, list[Any]]:
+        return "(xid < ? OR (xid = ? AND seq <= ?))", [end[0], end[0], end[1]]
+
+    def stream_order(self, *, descending: bool = False) -> str:
+        return "ORDER BY xid DESC, seq DESC" if descending else "ORDER BY xid, seq"
+
+    def stage_jobs(
+        self, tx: Tx, insert: str, rows: Sequence[tuple[Any, ...]], batch: str, now: float
+    ) -> None:
+        """The rows travel by COPY into a temporary table, then one upsert."""
+        tx.execute(
+            "CREATE TEMP TABLE IF NOT EXISTS homing_spark_stage (id TEXT, type TEXT, args TEXT, "
+            "priority INTEGER, run_at DOUBLE PRECISION, parent_id TEXT) ON COMMIT DELETE ROWS"
+        )
+        cur = tx.connection.cursor()
+        with cur.copy(
+            "COPY homing_spark_stage (id, type, args, priority, run_at, parent_id) FROM STDIN"
+        ) as copy:
+            for r in rows:
+                copy.write_row(r)
+        head, _, conflict = insert.partition(" VALUES ")
+        tx.execute(
+            f"{head} SELECT DISTINCT ON (id) id, type, args::jsonb, priority, 'ready', run_at, "
+            "run_at, parent_id, ?, ?, ? FROM homing_spark_stage "
+            + conflict[conflict.index("ON CONFLICT") :],
+            (now, batch, batch),
+        )
+        tx.execute("TRUNCATE homing_spark_stage")
+
+    def number_publication(
+        self, tx: Tx, batch: str, sink: str, label: str, now: float, parents: int
+    ) -> None:
+        # The counter row stays locked until this transaction ends: numbers commit in order.
+        row = tx.query_one("UPDATE homing_spark_sequencer SET n = n + 1 WHERE one = 1 RETURNING n")
+        assert row is not None
+        tx.execute(
+            "INSERT INTO homing_spark_commits (commit_no, staged_batch, sink, label, "
+            "committed_at, parents) VALUES (?, ?, ?, ?, ?, ?)",
+            (int(row[0]), batch, sink, label, now, parents),
+        )
+
     # -- JSON search -------------------------------------------------------------------
     def json_eq(self, path: list[str], value: Any) -> tuple[str, list[Any]]:
         return "args #> ? = ?::jsonb", [path, json.dumps(value)]

@@ -35,8 +35,8 @@ TABLE_COLUMNS = (
 def _select(tx: Tx, columns: Sequence[str], alias: str = "j") -> str:
     out = []
     for c in columns:
-        if c == "args" and tx.dialect == "postgres":
-            out.append(f"{alias}.args::text")
+        if c == "args":
+            out.append(tx.sql.json_text(f"{alias}.args"))
         else:
             out.append(f"{alias}.{c}")
     return ", ".join(out)
@@ -92,29 +92,19 @@ def leased_bounds(tx: Tx, lease_token: str) -> tuple[int, int, int]:
 
 
 # -- stream positions --------------------------------------------------------------------
-def _below_xmin(tx: Tx) -> str:
-    if tx.dialect == "postgres":
-        return " AND xid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
-    return ""
-
-
 def plain_end(
     tx: Tx, queue: str, start: tuple[int, int], limit: int | None
 ) -> tuple[tuple[int, int], int]:
     """The position after at most ``limit`` plain rows past ``start``; and how many rows."""
-    xid = "xid" if tx.dialect == "postgres" else "0"
-    after = "(xid > ? OR (xid = ? AND seq > ?))" if tx.dialect == "postgres" else "seq > ?"
-    params: list[Any] = (
-        [queue, start[0], start[0], start[1]] if tx.dialect == "postgres" else [queue, start[1]]
-    )
+    after, after_params = tx.sql.stream_after(start)
+    params: list[Any] = [queue, *after_params]
     base = (
-        f"SELECT {xid}, seq FROM homing_jobs WHERE type = ? AND staged_in IS NULL AND {after}"
-        f"{_below_xmin(tx)}"
+        f"SELECT {tx.sql.stream_key}, seq FROM homing_jobs WHERE type = ? "
+        f"AND staged_in IS NULL AND {after}{tx.sql.below_xmin}"
     )
-    order = "ORDER BY xid, seq" if tx.dialect == "postgres" else "ORDER BY seq"
+    order = tx.sql.stream_order()
     if limit is None:
-        desc = "ORDER BY xid DESC, seq DESC" if tx.dialect == "postgres" else "ORDER BY seq DESC"
-        row = tx.query_one(f"{base} {desc} LIMIT 1", params)
+        row = tx.query_one(f"{base} {tx.sql.stream_order(descending=True)} LIMIT 1", params)
         return ((int(row[0]), int(row[1])) if row else start), (1 if row else 0)
     if limit <= 0:
         return start, 0
@@ -161,13 +151,12 @@ def plain_seq_range(
 def _plain_range(
     tx: Tx, queue: str, start: tuple[int, int], end: tuple[int, int]
 ) -> tuple[str, list[Any]]:
-    if tx.dialect == "postgres":
-        return (
-            "type = ? AND staged_in IS NULL AND (xid > ? OR (xid = ? AND seq > ?)) "
-            "AND (xid < ? OR (xid = ? AND seq <= ?))",
-            [queue, start[0], start[0], start[1], end[0], end[0], end[1]],
-        )
-    return "type = ? AND staged_in IS NULL AND seq > ? AND seq <= ?", [queue, start[1], end[1]]
+    after, after_params = tx.sql.stream_after(start)
+    through, through_params = tx.sql.stream_through(end)
+    return (
+        f"type = ? AND staged_in IS NULL AND {after} AND {through}",
+        [queue, *after_params, *through_params],
+    )
 
 
 def read_plain(
@@ -276,48 +265,14 @@ def stage_jobs(tx: Tx, staged_batch: str, jobs: Sequence[StagedJob], *, now: flo
     """
     if not jobs:
         return
-    if tx.dialect == "postgres":
-        _stage_postgres(tx, staged_batch, jobs, now=now)
-        return
-    tx.executemany(
+    tx.sql.stage_jobs(
+        tx,
         f"INSERT INTO homing_jobs ({_STAGE_COLS}) VALUES (?, ?, ?, ?, 'ready', ?, ?, ?, ?, ?, ?) "
         + _ADOPT,
-        [
-            (
-                j.id,
-                j.type,
-                j.args_json,
-                j.priority,
-                j.run_at,
-                j.run_at,
-                j.parent_id,
-                now,
-                staged_batch,
-                staged_batch,
-            )
-            for j in jobs
-        ],
+        [(j.id, j.type, j.args_json, j.priority, j.run_at, j.parent_id) for j in jobs],
+        staged_batch,
+        now,
     )
-
-
-def _stage_postgres(tx: Tx, staged_batch: str, jobs: Sequence[StagedJob], *, now: float) -> None:
-    tx.execute(
-        "CREATE TEMP TABLE IF NOT EXISTS homing_spark_stage (id TEXT, type TEXT, args TEXT, "
-        "priority INTEGER, run_at DOUBLE PRECISION, parent_id TEXT) ON COMMIT DELETE ROWS"
-    )
-    cur = tx.connection.cursor()
-    with cur.copy(
-        "COPY homing_spark_stage (id, type, args, priority, run_at, parent_id) FROM STDIN"
-    ) as copy:
-        for j in jobs:
-            copy.write_row((j.id, j.type, j.args_json, j.priority, j.run_at, j.parent_id))
-    tx.execute(
-        f"INSERT INTO homing_jobs ({_STAGE_COLS}) SELECT DISTINCT ON (id) id, type, "
-        "args::jsonb, priority, 'ready', run_at, run_at, parent_id, ?, ?, ? "
-        f"FROM homing_spark_stage {_ADOPT}",
-        (now, staged_batch, staged_batch),
-    )
-    tx.execute("TRUNCATE homing_spark_stage")
 
 
 def open_batch(tx: Tx, staged_batch: str, *, now: float, info: str) -> str:
@@ -348,21 +303,7 @@ def publish(
         return False
     q.open_batch(tx, staged_batch, now=now, info=f"spark {sink} {label}")
     q.commit_batch(tx, staged_batch, now=now)
-    if tx.dialect == "postgres":
-        # The counter row stays locked until this transaction ends: numbers commit in order.
-        row = tx.query_one("UPDATE homing_spark_sequencer SET n = n + 1 WHERE one = 1 RETURNING n")
-        assert row is not None
-        tx.execute(
-            "INSERT INTO homing_spark_commits (commit_no, staged_batch, sink, label, "
-            "committed_at, parents) VALUES (?, ?, ?, ?, ?, ?)",
-            (int(row[0]), staged_batch, sink, label, now, parents),
-        )
-    else:
-        tx.execute(
-            "INSERT INTO homing_spark_commits (staged_batch, sink, label, committed_at, parents) "
-            "VALUES (?, ?, ?, ?, ?)",
-            (staged_batch, sink, label, now, parents),
-        )
+    tx.sql.number_publication(tx, staged_batch, sink, label, now, parents)
     return True
 
 
@@ -377,7 +318,7 @@ def complete_leased(tx: Tx, lease_token: str, *, now: float) -> int:
 
 # -- the pipeline's checks (homing.pipeline) ---------------------------------------------
 def _run_filter(tx: Tx) -> str:
-    return "args->>'run' = ?" if tx.dialect == "postgres" else "json_extract(args, '$.run') = ?"
+    return f"{tx.sql.args_field('run')} = ?"
 
 
 def run_counts(tx: Tx, run: str) -> dict[tuple[str, str], int]:
@@ -404,7 +345,7 @@ def run_arg_counts(
 ) -> list[tuple[str, int, float, float]]:
     """(value of ``args[key]``, jobs, first and last created_at) of one run's jobs of a type:
     how often each value was recorded, to count effects per notification."""
-    value = "args->>(?::text)" if tx.dialect == "postgres" else "json_extract(args, '$.' || ?)"
+    value = tx.sql.args_field_param()
     rows = tx.query(
         f"SELECT {value} AS v, COUNT(*), MIN(created_at), MAX(created_at) FROM homing_jobs "
         f"WHERE type = ? AND {_run_filter(tx)} GROUP BY v",

@@ -39,6 +39,43 @@ class SqliteSql(SqlDialect):
     def in_list(self, column: str, values: Sequence[Any]) -> tuple[str, list[Any]]:
         return f"{column} IN ({_marks(len(values))})", list(values)
 
+    def args_field(self, name: str) -> str:
+        return f"json_extract(args, '$.{name}')"
+
+    def args_field_param(self) -> str:
+        return "json_extract(args, '$.' || ?)"
+
+    # -- streams ---------------------------------------------------------------------------
+    stream_key = "0"
+    below_xmin = ""
+
+    def stream_after(self, start: tuple[int, int]) -> tuple[str, list[Any]]:
+        return "seq > ?", [start[1]]
+
+    def stream_through(self, end: tuple[int, int]) -> tuple[str, list[Any]]:
+        return "seq <= ?", [end[1]]
+
+    def stream_order(self, *, descending: bool = False) -> str:
+        return "ORDER BY seq DESC" if descending else "ORDER BY seq"
+
+    def stage_jobs(
+        self, tx: Tx, insert: str, rows: Sequence[tuple[Any, ...]], batch: str, now: float
+    ) -> None:
+        tx.executemany(
+            insert,
+            [(r[0], r[1], r[2], r[3], r[4], r[4], r[5], now, batch, batch) for r in rows],
+        )
+
+    def number_publication(
+        self, tx: Tx, batch: str, sink: str, label: str, now: float, parents: int
+    ) -> None:
+        # one writer at a time: the autoincrement is in commit order
+        tx.execute(
+            "INSERT INTO homing_spark_commits (staged_batch, sink, label, committed_at, parents) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (batch, sink, label, now, parents),
+        )
+
     # -- JSON search -------------------------------------------------------------------
     @staticmethod
     def _jpath(path: list[str]) -> str:
