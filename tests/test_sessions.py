@@ -451,9 +451,11 @@ def test_public_api_is_pinned() -> None:
         "RequestStatus",
         "Server",
         "Session",
+        "SessionFenced",
         "SessionInfo",
         "SessionNotFound",
         "Sessions",
+        "TooManyPrepared",
     ]
     assert issubclass(homing.sessions.SessionNotFound, homing.NotFound)
     assert issubclass(homing.sessions.DuplicateRequest, homing.InvalidState)

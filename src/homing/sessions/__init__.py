@@ -20,8 +20,10 @@ from homing.sessions._model import (
     RequestNotFound,
     RequestRecord,
     RequestStatus,
+    SessionFenced,
     SessionInfo,
     SessionNotFound,
+    TooManyPrepared,
 )
 from homing.sessions.client import Session, Sessions
 from homing.sessions.server import Server
@@ -38,7 +40,9 @@ __all__ = [
     "RequestStatus",
     "Server",
     "Session",
+    "SessionFenced",
     "SessionInfo",
     "SessionNotFound",
     "Sessions",
+    "TooManyPrepared",
 ]

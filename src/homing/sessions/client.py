@@ -29,6 +29,8 @@ from homing.sessions._model import (
     DEFAULT_KEEP_REPLIES,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_RETENTION_S,
+    DEFAULT_SESSION_TTL_S,
+    MAX_PREPARED,
     MEANINGS,
     DuplicateRequest,
     NotDequeued,
@@ -38,9 +40,11 @@ from homing.sessions._model import (
     RequestNotFound,
     RequestRecord,
     RequestStatus,
+    SessionFenced,
     SessionInfo,
     SessionNotFound,
     State,
+    TooManyPrepared,
     check_ids,
     check_keep,
     check_name,
@@ -88,7 +92,9 @@ class Sessions:
 
     ``keep_replies`` is the default n of "the last n replies dequeued" a session remembers
     until the client confirms them; ``retention`` is how long finished requests stay
-    available to ``lookup`` (then ``gc`` deletes them).
+    available to ``lookup`` (then ``gc`` deletes them); ``session_ttl`` is how long a
+    session may stay idle (no client action) before ``gc`` expires it, with its prepared
+    requests, its unanswered requests and its untaken replies.
     """
 
     def __init__(
@@ -97,6 +103,7 @@ class Sessions:
         *,
         keep_replies: int = DEFAULT_KEEP_REPLIES,
         retention: float = DEFAULT_RETENTION_S,
+        session_ttl: float = DEFAULT_SESSION_TTL_S,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     ) -> None:
         if not isinstance(db, Database):
@@ -110,6 +117,7 @@ class Sessions:
         assert keep is not None
         self.keep_replies = keep
         self.retention = check_seconds("retention", retention, allow_zero=True)
+        self.session_ttl = check_seconds("session_ttl", session_ttl, allow_zero=False)
         if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int):
             raise InvalidArgument(f"max_body_bytes must be an integer, got {max_body_bytes!r}")
         if max_body_bytes < 2:
@@ -121,29 +129,36 @@ class Sessions:
         return self.store.clock
 
     def open(self, client_id: str, *, keep_replies: int | None = None) -> Session:
-        """Open the session of ``client_id``; if it exists, re-establish it (state kept)."""
+        """Open the session of ``client_id``; if it exists, re-establish it (state kept).
+
+        Each open starts a new epoch: a handle from an earlier open (another process, or a
+        crashed incarnation that is in fact still running) is fenced and gets
+        ``SessionFenced`` on its next step, so only the newest opener acts.
+        """
         client_id = check_name("client_id", client_id)
         keep = check_keep(keep_replies)
         with self.store.transaction() as tx:
-            _, created = q.open_session(
+            row, created = q.open_session(
                 tx,
                 client_id,
                 now=self.clock.now(),
                 keep_replies=keep,
                 default_keep=self.keep_replies,
             )
-        return Session(self, client_id, created=created)
+        return Session(self, client_id, created=created, epoch=int(row["epoch"]))
 
     def attach(self, client_id: str) -> Session:
-        """The existing session of ``client_id`` without counting a reconnect.
+        """The existing session of ``client_id`` at its current epoch, without starting a
+        new one (a second handle of the live opener; fenced like it by a later ``open``).
 
         Raises ``SessionNotFound`` if the client never opened one (or closed it).
         """
         client_id = check_name("client_id", client_id)
         with self.store.transaction(write=False) as tx:
-            if q.get_session(tx, client_id) is None:
-                raise _no_session(client_id)
-        return Session(self, client_id, created=False)
+            row = q.get_session(tx, client_id)
+        if row is None:
+            raise _no_session(client_id)
+        return Session(self, client_id, created=False, epoch=int(row["epoch"]))
 
     def info(self, client_id: str) -> SessionInfo:
         """The stored session: LastRequest/LastEnqueuedID/LastDequeuedID and what it tracks."""
@@ -153,6 +168,7 @@ class Sessions:
             if s is None:
                 raise _no_session(client_id)
             rows = q.session_requests(tx, client_id)
+            prepared = q.list_prepared(tx, client_id)
         return SessionInfo(
             client_id=client_id,
             created_at=float(s["created_at"]),
@@ -164,6 +180,9 @@ class Sessions:
             last_dequeued_id=s["last_dequeued_id"],
             unfinished=[str(r["id"]) for r in rows if r["state"] != "taken"],
             dequeued=[str(r["id"]) for r in rows if r["state"] == "taken"],
+            epoch=int(s["epoch"]),
+            active_at=None if s["active_at"] is None else float(s["active_at"]),
+            prepared=[str(p["id"]) for p in prepared],
         )
 
     def lookup(self, request_id: str) -> RequestRecord:
@@ -204,10 +223,31 @@ class Sessions:
         with self.store.transaction() as tx:
             return q.gc(tx, taken_before=self.clock.now() - keep)
 
+    def expire(self, *, idle_for: float | None = None, batch: int = 1000) -> int:
+        """Delete sessions idle for more than ``idle_for`` seconds (default: the
+        ``session_ttl``), each with its prepared requests, unanswered requests and untaken
+        replies; returns how many sessions. Runs in batches of ``batch`` sessions."""
+        ttl = self.session_ttl if idle_for is None else check_seconds("idle_for", idle_for, allow_zero=False)
+        total = 0
+        while True:
+            with self.store.transaction() as tx:
+                n = q.expire_sessions(tx, idle_before=self.clock.now() - ttl, limit=batch)
+            total += n
+            if n < batch:
+                return total
+
+    def table_sizes(self) -> dict[str, int]:
+        """Rows in each sessions table (what ``gc`` and ``expire`` keep bounded)."""
+        with self.store.transaction(write=False) as tx:
+            return q.table_sizes(tx)
+
     def queue_depths(self) -> list[tuple[str, str, int]]:
         """(queue, state, count) of requests not yet taken: queued and replied."""
         with self.store.transaction(write=False) as tx:
             return q.queue_depths(tx)
+
+
+_DONE = {"resubmit": "resubmitted", "drop": "dropped"}
 
 
 def _no_session(client_id: str) -> SessionNotFound:
@@ -220,13 +260,17 @@ def _no_session(client_id: str) -> SessionNotFound:
 class Session:
     """One client's persistent session; cheap to create, all state lives in the store.
 
-    ``created`` is False when ``open`` re-established an existing session.
+    ``created`` is False when ``open`` re-established an existing session; ``epoch`` is the
+    session's epoch when this handle was made (a later ``open`` fences this handle).
     """
 
-    def __init__(self, sessions: Sessions, client_id: str, *, created: bool) -> None:
+    def __init__(
+        self, sessions: Sessions, client_id: str, *, created: bool, epoch: int | None = None
+    ) -> None:
         self.sessions = sessions
         self.client_id = client_id
         self.created = created
+        self.epoch = epoch
 
     @property
     def reestablished(self) -> bool:
@@ -240,9 +284,20 @@ class Session:
         return self.sessions.store
 
     def _lock(self, tx: Tx) -> dict[str, Any]:
-        s = q.lock_session(tx, self.client_id)
+        s = q.lock_session(tx, self.client_id, now=self.sessions.clock.now())
+        return self._check(s)
+
+    def _check(self, s: dict[str, Any] | None) -> dict[str, Any]:
+        """The session row, if this handle may still act for the client."""
         if s is None:
             raise _no_session(self.client_id)
+        if self.epoch is not None and int(s["epoch"]) != self.epoch:
+            raise SessionFenced(
+                f"the session of client {self.client_id!r} was opened again by another "
+                f"process (epoch {s['epoch']}, this handle has epoch {self.epoch}): this "
+                "handle is fenced and did nothing. Stop, or open the session again to take "
+                "it over"
+            )
         return s
 
     def info(self) -> SessionInfo:
@@ -256,9 +311,11 @@ class Session:
         return Request(rid, queue, body), text
 
     def prepare(self, queue: str, body: Any, *, request_id: str | None = None) -> Request:
-        """Transaction 0: record the request as the session's LastRequest, not yet submitted.
+        """Transaction 0: record the request (and make it the session's LastRequest), not
+        yet submitted.
 
-        After a crash before ``enqueue``, ``recover()`` reports it in state A with its body.
+        After a crash before ``enqueue``, ``recover()`` reports it in state A with its body;
+        so does every other prepared request not yet enqueued (at most ``MAX_PREPARED``).
         """
         request, text = self._new_request(queue, body, request_id)
         with self._store.transaction() as tx:
@@ -266,9 +323,25 @@ class Session:
             existing = q.get_request(tx, request.id)
             if existing is not None:
                 raise self._duplicate(existing)
-            q.set_last_request(
-                tx, self.client_id, request.id, request.queue, text, self.sessions.clock.now()
-            )
+            if q.count_prepared(tx, self.client_id) >= MAX_PREPARED:
+                raise TooManyPrepared(
+                    f"client {self.client_id!r} has {MAX_PREPARED} prepared requests not yet "
+                    "submitted; enqueue, resubmit or drop some (recover() lists them, state A)"
+                )
+            now = self.sessions.clock.now()
+            if not q.insert_prepared(
+                tx,
+                request_id=request.id,
+                client_id=self.client_id,
+                queue=request.queue,
+                body=text,
+                now=now,
+            ):
+                raise DuplicateRequest(
+                    f"request {request.id!r} is prepared already (state A); use a new id, "
+                    "or resubmit it"
+                )
+            q.set_last_request(tx, self.client_id, request.id, request.queue, text, now)
         failpoint("sessions.after_request_prepared")
         return request
 
@@ -294,6 +367,7 @@ class Session:
                 existing = q.get_request(tx, checked.id)
                 assert existing is not None
                 raise self._duplicate(existing)
+            q.delete_prepared(tx, self.client_id, checked.id)
             q.set_last_enqueued(tx, self.client_id, checked.id)
         failpoint("sessions.after_request_enqueued")
         return checked
@@ -320,36 +394,50 @@ class Session:
             "what to do with this one"
         )
 
-    def resubmit(self) -> Request:
-        """State A: enqueue the session's LastRequest, which never reached the queue."""
-        with self._store.transaction(write=False) as tx:
-            s = q.get_session(tx, self.client_id)
-        if s is None:
-            raise _no_session(self.client_id)
-        if s["last_request_id"] is None:
-            raise InvalidState(
-                f"client {self.client_id!r} has no unsubmitted request to resubmit; "
-                "recover() shows the state of its requests"
-            )
-        request = Request(
-            str(s["last_request_id"]), str(s["last_request_queue"]), decode(s["last_request_body"])
-        )
-        return self.enqueue(request)
-
-    def drop(self) -> Request:
-        """State A: forget the session's unsubmitted LastRequest instead of resubmitting it."""
-        with self._store.transaction() as tx:
-            s = self._lock(tx)
-            rid = s["last_request_id"]
-            if rid is None:
-                raise InvalidState(f"client {self.client_id!r} has no unsubmitted request to drop")
-            if q.get_request(tx, str(rid)) is not None:
+    def _prepared(self, tx: Tx, request_id: str | None, verb: str) -> dict[str, Any]:
+        """The prepared request ``request_id`` (default: the LastRequest) of this client;
+        ``verb`` ("resubmit" or "drop") words the error when there is none."""
+        s = self._lock(tx)
+        rid = request_id if request_id is not None else s["last_request_id"]
+        row = None if rid is None else q.get_prepared(tx, str(rid))
+        if row is None or row["client_id"] != self.client_id:
+            existing = None if rid is None else q.get_request(tx, str(rid))
+            if existing is not None and verb == "resubmit":
+                raise self._duplicate(existing)
+            if existing is not None:
                 raise InvalidState(
-                    f"request {rid!r} was submitted already and cannot be dropped; "
+                    f"request {rid!r} was submitted already and cannot be {_DONE[verb]}; "
                     "wait for its reply (recover() tells its state)"
                 )
-            q.set_last_request(tx, self.client_id, None, None, None, self.sessions.clock.now())
-        return Request(str(rid), str(s["last_request_queue"]), decode(s["last_request_body"]))
+            which = "no unsubmitted request" if rid is None else f"no prepared request {rid!r}"
+            raise InvalidState(
+                f"client {self.client_id!r} has {which} to {verb}; "
+                "recover() lists the prepared ones (state A)"
+            )
+        return row
+
+    def resubmit(self, request_id: str | None = None) -> Request:
+        """State A: enqueue a prepared request (default: the LastRequest) that never
+        reached the queue."""
+        if request_id is not None:
+            request_id = check_name("request id", request_id)
+        with self._store.transaction() as tx:
+            row = self._prepared(tx, request_id, "resubmit")
+        request = Request(str(row["id"]), str(row["queue"]), decode(row["body"]))
+        return self.enqueue(request)
+
+    def drop(self, request_id: str | None = None) -> Request:
+        """State A: forget a prepared request (default: the LastRequest) instead of
+        resubmitting it."""
+        if request_id is not None:
+            request_id = check_name("request id", request_id)
+        with self._store.transaction() as tx:
+            row = self._prepared(tx, request_id, "drop")
+            q.delete_prepared(tx, self.client_id, str(row["id"]))
+            s = q.get_session(tx, self.client_id)
+            if s is not None and s["last_request_id"] == row["id"]:
+                q.set_last_request(tx, self.client_id, None, None, None, self.sessions.clock.now())
+        return Request(str(row["id"]), str(row["queue"]), decode(row["body"]))
 
     # -- Transaction 3 -------------------------------------------------------------------
     def peek_reply(self, *, request_id: str | None = None) -> Reply | None:
@@ -357,8 +445,7 @@ class Session:
         if request_id is not None:
             request_id = check_name("request id", request_id)
         with self._store.transaction(write=False) as tx:
-            if q.get_session(tx, self.client_id) is None:
-                raise _no_session(self.client_id)
+            self._check(q.get_session(tx, self.client_id))
             row = q.next_reply(tx, self.client_id, request_id)
         return None if row is None else _reply_of(row)
 
@@ -452,21 +539,27 @@ class Session:
         if last_request_id is not None:
             last_request_id = check_name("last_request_id", last_request_id)
         with self._store.transaction(write=False) as tx:
-            s = q.get_session(tx, self.client_id)
-            if s is None:
-                raise _no_session(self.client_id)
+            s = self._check(q.get_session(tx, self.client_id))
             rows = q.session_requests(tx, self.client_id)
+            prepared = q.list_prepared(tx, self.client_id)
             last_id = last_request_id or s["last_request_id"] or s["last_enqueued_id"]
             by_id = {str(r["id"]): r for r in rows}
             last_row = None
             if last_id is not None:
                 last_row = by_id.get(str(last_id)) or q.get_request(tx, str(last_id))
         statuses = [_row_status(r) for r in rows]
+        unsubmitted = {
+            str(p["id"]): _status(str(p["id"]), "A", str(p["queue"]), decode(p["body"]))
+            for p in prepared
+        }
         last: RequestStatus | None = None
         if last_id is not None:
-            last = self._last_status(s, str(last_id), last_row, last_request_id is not None)
-            if last.state == "A":
+            last = unsubmitted.get(str(last_id)) or self._last_status(
+                s, str(last_id), last_row, last_request_id is not None
+            )
+            if last.state == "A" and last.request_id not in unsubmitted:
                 statuses.append(last)
+        statuses.extend(unsubmitted.values())
         return Recovery(
             client_id=self.client_id,
             last_request_id=None if last_id is None else str(last_id),
@@ -514,5 +607,7 @@ class Session:
                     f"client {self.client_id!r} has {open_count} request(s) not yet answered "
                     "and taken; take their replies before closing the session"
                 )
+            for p in q.list_prepared(tx, self.client_id):
+                q.delete_prepared(tx, self.client_id, str(p["id"]))
             q.forget_client(tx, self.client_id)
             q.delete_session(tx, self.client_id)
