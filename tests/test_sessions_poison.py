@@ -21,7 +21,7 @@ import pytest
 import homing
 from homing.sessions import Request, Server, SessionFenced, Sessions
 from tests.test_sessions_chaos import KILLED, Child, make_tables
-from tests.test_sessions_chaos_programs import FENCED, QUEUE, process
+from tests.test_sessions_chaos_programs import FENCED, QUEUE
 
 MAX_ATTEMPTS = 3
 

@@ -227,7 +227,11 @@ class Sessions:
         """Delete sessions idle for more than ``idle_for`` seconds (default: the
         ``session_ttl``), each with its prepared requests, unanswered requests and untaken
         replies; returns how many sessions. Runs in batches of ``batch`` sessions."""
-        ttl = self.session_ttl if idle_for is None else check_seconds("idle_for", idle_for, allow_zero=False)
+        ttl = (
+            self.session_ttl
+            if idle_for is None
+            else check_seconds("idle_for", idle_for, allow_zero=False)
+        )
         total = 0
         while True:
             with self.store.transaction() as tx:

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from typing import Any
+from typing import Any, Literal
 
 from homing._failpoints import failpoint
 from homing.database import Database, Transaction
@@ -37,9 +37,6 @@ MAX_BACKOFF_S = 3600.0
 DEFAULT_LEASE_S = 10.0
 DEFAULT_HANDLER_TIMEOUT_S = 300.0
 _DEFERRED_TRIES = 2  # SQLite: deferred tries before a handler runs under the write lock
-
-
-_DEAD = object()  # _take's answer for a request that got its dead reply
 
 
 class _HandlerFailed(Exception):
@@ -157,13 +154,13 @@ class Server:
         taken = self._take()
         if taken is None:
             return False
-        if taken is not _DEAD:
+        if taken != "dead":
             request, token = taken
             with _LeaseKeeper(self, request.id, token):
                 self._serve(request, token)
         return True
 
-    def _take(self) -> tuple[Request, str] | object | None:
+    def _take(self) -> tuple[Request, str] | Literal["dead"] | None:
         """Transaction 2a: lease the oldest due request (short; the handler is not in it).
         A request taken ``max_attempts`` times already gets its dead reply here instead."""
         store = self.db.store
@@ -185,7 +182,7 @@ class Server:
                     server=self.name,
                     token=None,
                 )
-                return _DEAD
+                return "dead"
             token = uuid7()
             q.lease_request(tx, rid, token=token, until=now + self.lease, server=self.name)
         failpoint("sessions.server_after_take")
