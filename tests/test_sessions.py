@@ -401,7 +401,7 @@ def test_cli_show_lookup_queues_gc(db: homing.Database, store_url: str) -> None:
     looked = json.loads(run("lookup", done.id, "--json").output)
     assert looked["reply"] == {"b": 2} and looked["state"] == "replied"
     assert "replied" in run("queues").output
-    assert json.loads(run("gc", "--json").output) == {"deleted": 0}
+    assert json.loads(run("gc", "--json").output) == {"deleted": 0, "expired_sessions": 0}
     missing = run("show", "nobody")
     assert missing.exit_code == 1 and "no session for client 'nobody'" in missing.output
     unknown = run("lookup", homing.uuid7())
