@@ -55,7 +55,7 @@ def fill(db: homing.Database, round_: int) -> None:
         session.submit("q", {"n": i, "unanswered": True})  # its client goes away
     now = db.clock.now()
     with db.store.transaction() as tx:
-        for i in range(N):
+        for _ in range(N):
             engine_queries.record_published(
                 tx, homing.uuid7(), queue="q", seq=None, outcome="routed", now=now
             )
