@@ -235,3 +235,32 @@ def test_a_fenced_handle_gets_a_clear_error_and_changes_nothing(db: homing.Datab
     assert len(second.info().unfinished) == 1
     assert Sessions(db).attach("c").epoch == second.epoch  # attach joins, does not fence
     second.submit("q", 4)
+
+
+def test_a_handler_whose_sqlite_snapshot_went_stale_runs_again_and_commits_once(
+    db: homing.Database,
+) -> None:
+    """SQLite: the handler's deferred transaction read, then another writer committed, so
+    its write is refused (SQLITE_BUSY_SNAPSHOT); the server runs it again in the same lease.
+    PostgreSQL has no such refusal: the handler runs once."""
+    with db.store.transaction() as tx:
+        tx.execute("CREATE TABLE effects (request_id TEXT)")
+    request = Sessions(db).open("c").submit("q", {"n": 1})
+    runs: list[int] = []
+
+    def handler(r: Request, txn: homing.Transaction) -> Any:
+        runs.append(1)
+        txn.tx.query("SELECT COUNT(*) FROM effects")  # the read snapshot starts here
+        if len(runs) == 1:  # another client writes meanwhile
+            other = threading.Thread(target=lambda: Sessions(db).open("o").submit("q2", 2))
+            other.start()
+            other.join(30)
+        txn.tx.execute("INSERT INTO effects VALUES (?)", (r.id,))
+        return "ok"
+
+    assert Server(db, "q", handler).process_one()
+    assert len(runs) == (2 if db.dialect == "sqlite" else 1)
+    record = Sessions(db).lookup(request.id)
+    assert (record.state, record.reply, record.attempts) == ("replied", "ok", 1)
+    with db.store.transaction(write=False) as tx:
+        assert tx.query("SELECT request_id FROM effects") == [(request.id,)]
