@@ -31,13 +31,11 @@ from homing.database import Database
 from homing.errors import InvalidArgument
 from homing.jobs import DEFAULT_RETENTION_S as JOBS_RETENTION_S
 from homing.jobs import check_seconds
-from homing.sessions._model import DEFAULT_RETENTION_S as SESSIONS_DEFAULT_RETENTION_S
-from homing.sessions._model import DEFAULT_SESSION_TTL_S
 from homing.store import engine_queries, http_queries, sessions_queries
 
 DAY = 24 * 3600.0
-SESSIONS_RETENTION_S = SESSIONS_DEFAULT_RETENTION_S  # 30 days
-SESSION_TTL_S = DEFAULT_SESSION_TTL_S  # 30 days
+SESSIONS_RETENTION_S = 30 * DAY  # homing.sessions' DEFAULT_RETENTION_S
+SESSION_TTL_S = 30 * DAY  # homing.sessions' DEFAULT_SESSION_TTL_S
 ENGINE_PUBLISHED_RETENTION_S = 7 * DAY
 HTTP_RETENTION_S = 7 * DAY  # homing.http's Receiver default retention
 _EXPIRE_BATCH = 1000
