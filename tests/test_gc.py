@@ -171,3 +171,15 @@ def test_homing_gc_command_reports_every_table(store_url: str) -> None:
     bad = runner.invoke(cli, ["--db", store_url, "gc", "--session-ttl", "0"])
     assert bad.exit_code != 0 and "session_ttl" in bad.output
     assert Retention().session_ttl == 30 * DAY
+
+
+def test_gc_defaults_are_the_parts_own() -> None:
+    """homing.housekeeping cannot import the faces (they import homing.cli), so it keeps
+    copies of their defaults: they must stay equal."""
+    import inspect
+
+    from homing.sessions._model import DEFAULT_RETENTION_S, DEFAULT_SESSION_TTL_S
+
+    params = inspect.signature(Sessions.__init__).parameters
+    assert Retention().sessions == DEFAULT_RETENTION_S == params["retention"].default
+    assert Retention().session_ttl == DEFAULT_SESSION_TTL_S == params["session_ttl"].default
