@@ -25,7 +25,8 @@ from homing.sessions._model import (
     SessionNotFound,
     TooManyPrepared,
 )
-from homing.sessions.client import Session, Sessions
+from homing.sessions.client import Session
+from homing.sessions.manager import Sessions
 from homing.sessions.server import Server
 
 __all__ = [

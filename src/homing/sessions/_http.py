@@ -22,7 +22,7 @@ from homing.errors import (
     StoreUnavailable,
 )
 from homing.sessions._model import Recovery, Reply, Request, SessionInfo
-from homing.sessions.client import Sessions
+from homing.sessions.manager import Sessions
 
 OVERHEAD = 64 * 1024  # room for the JSON envelope around a request body
 SECRET_ENV = "HOMING_SESSIONS_SECRET"

@@ -210,3 +210,10 @@ def encode_body(what: str, body: Any, limit: int) -> str:
 
 def decode(text: str | None) -> Any:
     return None if text is None else json.loads(text)
+
+
+def no_session(client_id: str) -> SessionNotFound:
+    return SessionNotFound(
+        f"no session for client {client_id!r}; open one with Sessions.open(client_id) "
+        "(POST /clients/{client_id}/session over HTTP)"
+    )

@@ -43,7 +43,8 @@ from homing.sessions._http import (
     secret_from_env,
 )
 from homing.sessions._model import Reply, RequestNotFound, SessionInfo
-from homing.sessions.client import Session, Sessions
+from homing.sessions.client import Session
+from homing.sessions.manager import Sessions
 
 __all__ = ["client_token", "create_app", "parse_json"]
 

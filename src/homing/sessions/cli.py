@@ -11,7 +11,7 @@ import click
 from homing.cli import emit, json_option, open_db
 from homing.errors import ConfigurationError
 from homing.sessions._model import Recovery, RequestRecord, SessionInfo
-from homing.sessions.client import Sessions
+from homing.sessions.manager import Sessions
 
 
 def _sessions(db: Any) -> Sessions:
