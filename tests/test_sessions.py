@@ -466,9 +466,10 @@ def test_a_server_handler_can_send_a_request_in_its_transaction(db: homing.Datab
     """Chained services: the handler's own request commits with its reply, or not at all."""
     sessions = Sessions(db)
     front = sessions.open("front-client")
+    sessions.open("front-server")  # once; handlers attach (an open would fence the others)
 
     def forward(request: Request, txn: homing.Transaction) -> Any:
-        downstream = sessions.open("front-server").submit("back", request.body)
+        downstream = sessions.attach("front-server").submit("back", request.body)
         return {"forwarded_as": downstream.id}
 
     front.submit("front", {"x": 1})
