@@ -401,7 +401,7 @@ def test_cli_show_lookup_queues_gc(db: homing.Database, store_url: str) -> None:
     looked = json.loads(run("lookup", done.id, "--json").output)
     assert looked["reply"] == {"b": 2} and looked["state"] == "replied"
     assert "replied" in run("queues").output
-    assert json.loads(run("gc", "--json").output) == {"deleted": 0}
+    assert json.loads(run("gc", "--json").output) == {"deleted": 0, "expired_sessions": 0}
     missing = run("show", "nobody")
     assert missing.exit_code == 1 and "no session for client 'nobody'" in missing.output
     unknown = run("lookup", homing.uuid7())
@@ -451,9 +451,11 @@ def test_public_api_is_pinned() -> None:
         "RequestStatus",
         "Server",
         "Session",
+        "SessionFenced",
         "SessionInfo",
         "SessionNotFound",
         "Sessions",
+        "TooManyPrepared",
     ]
     assert issubclass(homing.sessions.SessionNotFound, homing.NotFound)
     assert issubclass(homing.sessions.DuplicateRequest, homing.InvalidState)
@@ -464,9 +466,10 @@ def test_a_server_handler_can_send_a_request_in_its_transaction(db: homing.Datab
     """Chained services: the handler's own request commits with its reply, or not at all."""
     sessions = Sessions(db)
     front = sessions.open("front-client")
+    sessions.open("front-server")  # once; handlers attach (an open would fence the others)
 
     def forward(request: Request, txn: homing.Transaction) -> Any:
-        downstream = sessions.open("front-server").submit("back", request.body)
+        downstream = sessions.attach("front-server").submit("back", request.body)
         return {"forwarded_as": downstream.id}
 
     front.submit("front", {"x": 1})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,16 +14,26 @@ from hypothesis import strategies as st
 
 import homing
 from homing.sessions import Server
-from homing.sessions.asgi import create_app
+from homing.sessions.asgi import client_token, create_app
+
+SECRET = "test-secret-0123456789abcdef"
 
 
 class AppClient:
-    """A synchronous face over ``httpx.ASGITransport``: the app runs in process."""
+    """A synchronous face over ``httpx.ASGITransport``: the app runs in process. Sends the
+    bearer token of the client named in the path (``/clients/{id}/...``) unless told
+    otherwise (``auth=False``)."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, *, auth: bool = True) -> None:
         self.transport = httpx.ASGITransport(app=app, raise_app_exceptions=True)
+        self.auth = auth
 
     def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        match = re.search(r"/clients/([^/]+)/", path)
+        if self.auth and match and "authorization" not in kwargs.get("headers", {}):
+            token = client_token(SECRET, match.group(1))
+            kwargs["headers"] = {**kwargs.get("headers", {}), "authorization": f"Bearer {token}"}
+
         async def go() -> httpx.Response:
             async with httpx.AsyncClient(transport=self.transport, base_url="http://t") as c:
                 return await c.request(method, path, **kwargs)
@@ -41,7 +52,7 @@ class AppClient:
 
 @pytest.fixture
 def http(db: homing.Database) -> Iterator[AppClient]:
-    yield AppClient(create_app(db))
+    yield AppClient(create_app(db, secret=SECRET))
 
 
 def serve(db: homing.Database) -> int:
@@ -81,7 +92,7 @@ def test_walk_through_the_four_states(http: AppClient, db: homing.Database) -> N
     assert http.post("/clients/shop-1/replies/confirm", json={"request_ids": [rid]}).json() == {
         "forgotten": 1
     }
-    looked = http.get(f"/requests/{rid}").json()
+    looked = http.get(f"/clients/shop-1/requests/{rid}").json()
     assert looked["state"] == "taken" and looked["reply"] == {"total": 6}
     assert looked["confirmed_at"] is not None
     info = http.get("/clients/shop-1/session").json()
@@ -123,7 +134,7 @@ BAD: list[tuple[str, str, Any, int, str]] = [
     ("post", "/clients/ghost/requests", {"queue": "q", "body": 1}, 404, "no session"),
     ("get", "/clients/ghost/recover", None, 404, "no session"),
     ("post", "/clients/ghost/replies/take", None, 404, "no session"),
-    ("get", "/requests/nope", None, 404, "no request"),
+    ("get", "/clients/c/requests/nope", None, 404, "no request"),
     ("post", "/clients/c/requests", b"{not json", 400, "invalid JSON"),
     ("post", "/clients/c/requests", b'{"queue": "q", "body": NaN}', 400, "NaN"),
     ("post", "/clients/c/requests", b'{"queue": "q", "queue": "r"}', 400, "twice"),
@@ -190,12 +201,13 @@ def test_mounted_at_sessions_like_homing_serve(db: homing.Database) -> None:
     from starlette.applications import Starlette
     from starlette.routing import Mount
 
-    outer = AppClient(Starlette(routes=[Mount("/sessions", app=create_app(db))]))
+    app = create_app(db, secret=SECRET)
+    outer = AppClient(Starlette(routes=[Mount("/sessions", app=app)]))
     assert outer.post("/sessions/clients/m/session").status_code == 201
     r = outer.post("/sessions/clients/m/requests", json={"queue": "orders", "body": {"qty": 1}})
     assert r.status_code == 201
     rid = r.json()["request_id"]
-    assert outer.get(f"/sessions/requests/{rid}").json()["state"] == "queued"
+    assert outer.get(f"/sessions/clients/m/requests/{rid}").json()["state"] == "queued"
 
 
 JSON_VALUES = st.recursive(
@@ -264,3 +276,65 @@ def test_retried_take_replays_the_reply(http: AppClient, db: homing.Database) ->
     unknown = {"request_id": homing.uuid7()}
     assert http.post("/clients/c/replies/take", json=unknown).status_code == 404
     assert http.post("/clients/other/replies/take").json()["body"] == {"total": 6}
+
+
+# -- authentication: a client reads and acts only as itself -------------------------------------
+def test_every_route_needs_the_clients_own_token(http: AppClient, db: homing.Database) -> None:
+    assert http.post("/clients/alice/session").status_code == 201
+    assert http.post("/clients/bob/session").status_code == 201
+    rid = http.post("/clients/alice/requests", json={"queue": "orders", "body": {"qty": 1}})
+    rid = rid.json()["request_id"]
+    serve(db)
+    bob = {"authorization": f"Bearer {client_token(SECRET, 'bob')}"}
+    anon = AppClient(create_app(db, secret=SECRET), auth=False)
+    routes = [
+        ("GET", "/clients/alice/session", None),
+        ("POST", "/clients/alice/session", None),
+        ("DELETE", "/clients/alice/session", None),
+        ("POST", "/clients/alice/requests", {"queue": "orders", "body": 1}),
+        ("GET", f"/clients/alice/requests/{rid}", None),
+        ("POST", "/clients/alice/prepare", {"queue": "orders", "body": 1}),
+        ("POST", "/clients/alice/resubmit", None),
+        ("POST", "/clients/alice/drop", None),
+        ("GET", "/clients/alice/replies/next", None),
+        ("POST", "/clients/alice/replies/take", None),
+        ("POST", "/clients/alice/replies/confirm", {"request_ids": [rid]}),
+        ("GET", "/clients/alice/recover", None),
+    ]
+    for headers in ({}, bob, {"authorization": "Bearer nonsense"}, {"authorization": "Basic x"}):
+        for method, path, body in routes:
+            r = anon.request(method, path, json=body, headers=headers)
+            assert r.status_code == 401, (headers, method, path, r.text)
+            assert "bearer token" in r.json()["error"] and r.headers["www-authenticate"]
+    # nothing happened to alice's session: her reply is still there for her
+    assert http.post("/clients/alice/replies/take").json()["request_id"] == rid
+    # bob with his own token cannot read alice's request either (404, like an unknown id)
+    assert http.get(f"/clients/bob/requests/{rid}").status_code == 404
+
+
+def test_no_secret_means_every_route_refuses(db: homing.Database, monkeypatch: Any) -> None:
+    monkeypatch.delenv("HOMING_SESSIONS_SECRET", raising=False)
+    closed = AppClient(create_app(db))
+    r = closed.post("/clients/c/session")
+    assert r.status_code == 401 and "HOMING_SESSIONS_SECRET" in r.json()["error"]
+    monkeypatch.setenv("HOMING_SESSIONS_SECRET", SECRET)
+    assert AppClient(create_app(db)).post("/clients/c/session").status_code == 201
+    assert (
+        AppClient(create_app(db, insecure=True), auth=False).get("/clients/c/session").status_code
+        == 200
+    )
+    with pytest.raises(homing.InvalidArgument, match="at least 16 bytes"):
+        create_app(db, secret="short")
+
+
+def test_an_http_client_naming_its_epoch_is_fenced_by_a_newer_open(http: AppClient) -> None:
+    first = http.post("/clients/c/session").json()["epoch"]
+    second = http.post("/clients/c/session").json()["epoch"]
+    assert second == first + 1
+    old = {"x-homing-epoch": str(first)}
+    r = http.post("/clients/c/requests", json={"queue": "q", "body": 1}, headers=old)
+    assert r.status_code == 409 and r.json()["type"] == "SessionFenced"
+    new = {"x-homing-epoch": str(second)}
+    assert http.post("/clients/c/requests", json={"queue": "q"}, headers=new).status_code == 201
+    bad = {"x-homing-epoch": "soon"}
+    assert http.get("/clients/c/recover", headers=bad).status_code == 400

@@ -1,6 +1,6 @@
 """recover() against a plain Python model of the seed's states (Hypothesis state machine).
 
-Random sequences of prepare / enqueue / submit / serve / take / confirm / reconnect, with
+Random sequences of prepare / resubmit / drop / submit / serve / take / confirm / reconnect, with
 "crashes" anywhere between transactions (a reconnect is a new ``Sessions`` object); after
 every step ``recover()`` must report exactly the model's state for every request.
 Each example uses a fresh client id and queue, so one store serves all examples.
@@ -45,26 +45,37 @@ class SessionModel(RuleBasedStateMachine):
     @rule()
     def prepare(self) -> None:
         request = self.session.prepare(self.queue, self._body())
-        if self.last_request is not None and self.state[self.last_request] == "prepared":
-            del self.state[self.last_request]  # one LastRequest: an unsubmitted one is replaced
-        self.state[request.id] = "prepared"
+        self.state[request.id] = "prepared"  # every prepared request stays recoverable (A)
         self.last_request = request.id
 
-    @precondition(
-        lambda self: self.last_request is not None and self.state[self.last_request] == "prepared"
-    )
-    @rule()
-    def resubmit(self) -> None:
-        request = self.session.resubmit()
-        assert request.id == self.last_request
+    def _prepared(self) -> list[str]:
+        return [r for r, s in self.state.items() if s == "prepared"]
+
+    @precondition(lambda self: bool(self._prepared()))
+    @rule(data=st.data(), by_default=st.booleans())
+    def resubmit(self, data: Any, by_default: bool) -> None:
+        if by_default and self.last_request in self._prepared():
+            request = self.session.resubmit()  # the LastRequest
+            assert request.id == self.last_request
+        else:
+            rid = data.draw(st.sampled_from(self._prepared()))
+            request = self.session.resubmit(rid)
+            assert request.id == rid
         self._enqueued(request.id)
+
+    @precondition(lambda self: bool(self._prepared()))
+    @rule(data=st.data())
+    def drop(self, data: Any) -> None:
+        rid = data.draw(st.sampled_from(self._prepared()))
+        assert self.session.drop(rid).id == rid
+        del self.state[rid]
+        if rid == self.last_request:
+            self.last_request = None
 
     @rule(remember=st.booleans())
     def submit(self, remember: bool) -> None:
         request = self.session.submit(self.queue, self._body(), remember=remember)
         if remember:
-            if self.last_request is not None and self.state[self.last_request] == "prepared":
-                del self.state[self.last_request]
             self.last_request = request.id
         self._enqueued(request.id)
 

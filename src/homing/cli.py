@@ -286,15 +286,53 @@ def stats(ctx: click.Context, window: float, as_json: bool) -> None:
 
 @cli.command()
 @click.option(
-    "--older-than", type=float, default=None, help="Seconds; default: the retention period."
+    "--older-than",
+    type=float,
+    default=None,
+    help="Seconds finished jobs are kept; default: the jobs retention (7 days).",
 )
+@click.option("--sessions-retention", type=float, default=None, help="Seconds; default 30 days.")
+@click.option("--session-ttl", type=float, default=None, help="Idle seconds; default 30 days.")
+@click.option("--engine-retention", type=float, default=None, help="Seconds; default 7 days.")
+@click.option("--http-retention", type=float, default=None, help="Seconds; default 7 days.")
 @json_option
 @click.pass_context
-def gc(ctx: click.Context, older_than: float | None, as_json: bool) -> None:
-    """Delete finished jobs older than the retention period."""
+def gc(
+    ctx: click.Context,
+    older_than: float | None,
+    sessions_retention: float | None,
+    session_ttl: float | None,
+    engine_retention: float | None,
+    http_retention: float | None,
+    as_json: bool,
+) -> None:
+    """Clean every table that grows: finished jobs, taken session requests, expired
+    sessions (with their requests and replies), the engine's published-id ledger and HTTP
+    tombstones, each past its retention (docs/operations in homing.housekeeping)."""
+    from dataclasses import replace
+
+    from homing.housekeeping import Retention, collect
+
+    given = {
+        "jobs": older_than,
+        "sessions": sessions_retention,
+        "session_ttl": session_ttl,
+        "engine_published": engine_retention,
+        "http": http_retention,
+    }
+    retention = replace(Retention(), **{k: v for k, v in given.items() if v is not None})
     with open_db(ctx) as db:
-        n = db.gc(older_than=older_than)
-    emit({"deleted": n}, as_json, lambda d: click.echo(f"deleted {d['deleted']} finished jobs"))
+        totals: dict[str, int] = {}
+        for one in getattr(db, "shards", [db]):
+            for table, n in collect(one, retention).items():
+                totals[table] = totals.get(table, 0) + n
+    data = {"deleted": sum(totals.values()), "tables": totals}
+
+    def human(d: dict[str, Any]) -> None:
+        for table, n in d["tables"].items():
+            click.echo(f"{table:20} {n} deleted")
+
+    emit(data, as_json, human)
 
 
 def main() -> None:

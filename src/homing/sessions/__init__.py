@@ -20,10 +20,13 @@ from homing.sessions._model import (
     RequestNotFound,
     RequestRecord,
     RequestStatus,
+    SessionFenced,
     SessionInfo,
     SessionNotFound,
+    TooManyPrepared,
 )
-from homing.sessions.client import Session, Sessions
+from homing.sessions.client import Session
+from homing.sessions.manager import Sessions
 from homing.sessions.server import Server
 
 __all__ = [
@@ -38,7 +41,9 @@ __all__ = [
     "RequestStatus",
     "Server",
     "Session",
+    "SessionFenced",
     "SessionInfo",
     "SessionNotFound",
     "Sessions",
+    "TooManyPrepared",
 ]

@@ -13,6 +13,8 @@ DEFAULT_KEEP_REPLIES = 100
 DEFAULT_RETENTION_S = 30 * 24 * 3600.0
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 MAX_KEEP_REPLIES = 100_000
+MAX_PREPARED = 1000
+DEFAULT_SESSION_TTL_S = 30 * 24 * 3600.0
 _MAX_NAME = 200
 
 State = Literal["A", "B", "C", "D"]
@@ -43,6 +45,16 @@ class RequestNotFound(NotFound):
 
 class DuplicateRequest(InvalidState):
     """A request with this id was submitted already; nothing was enqueued a second time."""
+
+
+class SessionFenced(InvalidState):
+    """Another process opened this client's session after this one (a newer epoch): this
+    handle may no longer act for the client. Open the session again to take it back."""
+
+
+class TooManyPrepared(InvalidState):
+    """The session holds ``MAX_PREPARED`` prepared-but-unsubmitted requests already:
+    enqueue, resubmit or drop some first."""
 
 
 class NotDequeued(InvalidState):
@@ -99,8 +111,8 @@ class Recovery:
 
     ``last`` is the state of the client's last request (``None`` if it never made one);
     ``requests`` has a state for every request the session still remembers: unfinished
-    ones (B, C), the last n replies taken and not yet confirmed (D), and an unsubmitted
-    LastRequest (A).
+    ones (B, C; a dead request is C with ``reply.error`` set), the last n replies taken
+    and not yet confirmed (D), and every prepared-but-unsubmitted request (A).
     """
 
     client_id: str
@@ -131,6 +143,9 @@ class SessionInfo:
     last_dequeued_id: str | None
     unfinished: list[str]
     dequeued: list[str]
+    epoch: int = 0
+    active_at: float | None = None
+    prepared: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -195,3 +210,10 @@ def encode_body(what: str, body: Any, limit: int) -> str:
 
 def decode(text: str | None) -> Any:
     return None if text is None else json.loads(text)
+
+
+def no_session(client_id: str) -> SessionNotFound:
+    return SessionNotFound(
+        f"no session for client {client_id!r}; open one with Sessions.open(client_id) "
+        "(POST /clients/{client_id}/session over HTTP)"
+    )

@@ -11,7 +11,7 @@ import click
 from homing.cli import emit, json_option, open_db
 from homing.errors import ConfigurationError
 from homing.sessions._model import Recovery, RequestRecord, SessionInfo
-from homing.sessions.client import Sessions
+from homing.sessions.manager import Sessions
 
 
 def _sessions(db: Any) -> Sessions:
@@ -103,13 +103,39 @@ def queues(ctx: click.Context, as_json: bool) -> None:
 
 @sessions.command()
 @click.option("--older-than", type=float, default=None, help="Seconds; default: the retention.")
+@click.option("--idle-for", type=float, default=None, help="Seconds; default: the session TTL.")
 @json_option
 @click.pass_context
-def gc(ctx: click.Context, older_than: float | None, as_json: bool) -> None:
-    """Delete finished requests past the retention period."""
+def gc(ctx: click.Context, older_than: float | None, idle_for: float | None, as_json: bool) -> None:
+    """Delete finished requests past the retention period and expire idle sessions (with
+    their requests and replies). ``homing gc`` does this and cleans the other parts too."""
     with open_db(ctx) as db:
-        n = _sessions(db).gc(older_than=older_than)
-    emit({"deleted": n}, as_json, lambda d: click.echo(f"deleted {d['deleted']} finished requests"))
+        api = _sessions(db)
+        n = api.gc(older_than=older_than)
+        expired = api.expire(idle_for=idle_for)
+    emit(
+        {"deleted": n, "expired_sessions": expired},
+        as_json,
+        lambda d: click.echo(
+            f"deleted {d['deleted']} finished requests, expired {d['expired_sessions']} sessions"
+        ),
+    )
+
+
+@sessions.command()
+@click.argument("client_id")
+def token(client_id: str) -> None:
+    """Print CLIENT_ID's bearer token for the sessions HTTP API (signed with the secret in
+    HOMING_SESSIONS_SECRET, which the server must share)."""
+    from homing.sessions._http import SECRET_ENV, client_token, secret_from_env
+    from homing.sessions._model import check_name
+
+    secret = secret_from_env()
+    if secret is None:
+        raise ConfigurationError(
+            f"set {SECRET_ENV} to the secret the sessions API runs with (at least 16 bytes)"
+        )
+    click.echo(client_token(secret, check_name("client_id", client_id)))
 
 
 @sessions.command()
@@ -124,9 +150,25 @@ def gc(ctx: click.Context, older_than: float | None, as_json: bool) -> None:
 @click.option(
     "--retry-in", type=float, default=1.0, show_default=True, help="First retry delay, s."
 )
+@click.option(
+    "--lease", type=float, default=10.0, show_default=True, help="Lease of a taken request, s."
+)
+@click.option(
+    "--handler-timeout",
+    type=float,
+    default=300.0,
+    show_default=True,
+    help="Longest a handler keeps its lease, s.",
+)
 @click.pass_context
 def server(
-    ctx: click.Context, queues: str, handler_path: str, max_attempts: int, retry_in: float
+    ctx: click.Context,
+    queues: str,
+    handler_path: str,
+    max_attempts: int,
+    retry_in: float,
+    lease: float,
+    handler_timeout: float,
 ) -> None:
     """Answer requests of QUEUES (comma-separated) with a Python handler until SIGTERM/Ctrl-C."""
     import importlib
@@ -145,7 +187,15 @@ def server(
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with open_db(ctx) as db:
-        srv = Server(db, queues.split(","), handler, max_attempts=max_attempts, retry_in=retry_in)
+        srv = Server(
+            db,
+            queues.split(","),
+            handler,
+            max_attempts=max_attempts,
+            retry_in=retry_in,
+            lease=lease,
+            handler_timeout=handler_timeout,
+        )
         click.echo(f"serving {', '.join(srv.queues)} as {srv.name}", err=True)
         try:
             n = srv.run(stop, idle_wait=0.5)

@@ -1,4 +1,4 @@
-"""The client side of queued request/reply (seed 004): persistent sessions and recovery.
+"""The client side of queued request/reply (seed 004): one client's session and recovery.
 
 A client runs three kinds of transaction against the queue manager (the store):
 
@@ -16,217 +16,56 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from homing._failpoints import failpoint
-from homing.clock import Clock
-from homing.database import Database, Transaction
-from homing.errors import ConfigurationError, InvalidArgument, InvalidState
+from homing.database import Transaction
+from homing.errors import InvalidArgument, InvalidState
 from homing.ids import uuid7
 from homing.jobs import check_seconds
 from homing.sessions._model import (
-    ACTIONS,
-    DEFAULT_KEEP_REPLIES,
-    DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_RETENTION_S,
-    MEANINGS,
+    MAX_PREPARED,
     DuplicateRequest,
     NotDequeued,
     Recovery,
     Reply,
     Request,
-    RequestNotFound,
-    RequestRecord,
     RequestStatus,
+    SessionFenced,
     SessionInfo,
-    SessionNotFound,
-    State,
+    TooManyPrepared,
     check_ids,
-    check_keep,
     check_name,
     decode,
     encode_body,
+    no_session,
 )
+from homing.sessions._recovery import last_status, make_status, reply_of, row_status
 from homing.store import sessions_queries as q
 from homing.store.protocol import Store, Tx
 
+if TYPE_CHECKING:
+    from homing.sessions.manager import Sessions
+
 ReplyHandler = Callable[[Reply, Transaction], None]
 
-
-def _reply_of(row: dict[str, Any]) -> Reply:
-    return Reply(
-        request_id=str(row["id"]),
-        queue=str(row["queue"]),
-        request=decode(row["body"]),
-        body=decode(row["reply"]),
-        error=row["reply_error"],
-        replied_at=float(row["replied_at"]),
-        taken_at=None if row["taken_at"] is None else float(row["taken_at"]),
-    )
-
-
-def _status(
-    request_id: str,
-    state: State,
-    queue: str | None,
-    body: Any,
-    reply: Reply | None = None,
-    note: str | None = None,
-) -> RequestStatus:
-    meaning = MEANINGS[state] + (f" ({note})" if note else "")
-    return RequestStatus(request_id, state, ACTIONS[state], meaning, queue, body, reply)
-
-
-def _row_status(row: dict[str, Any]) -> RequestStatus:
-    state: State = {"queued": "B", "replied": "C", "taken": "D"}[row["state"]]  # type: ignore[assignment]
-    reply = _reply_of(row) if state in ("C", "D") else None
-    return _status(str(row["id"]), state, str(row["queue"]), decode(row["body"]), reply)
-
-
-class Sessions:
-    """The queue manager's side of client sessions, on one homing store.
-
-    ``keep_replies`` is the default n of "the last n replies dequeued" a session remembers
-    until the client confirms them; ``retention`` is how long finished requests stay
-    available to ``lookup`` (then ``gc`` deletes them).
-    """
-
-    def __init__(
-        self,
-        db: Database,
-        *,
-        keep_replies: int = DEFAULT_KEEP_REPLIES,
-        retention: float = DEFAULT_RETENTION_S,
-        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    ) -> None:
-        if not isinstance(db, Database):
-            raise ConfigurationError(
-                f"Sessions needs one homing.Database (homing.connect(url) with one URL), "
-                f"got {type(db).__name__}; sessions do not span shards"
-            )
-        self.db = db
-        self.store: Store = db.store
-        keep = check_keep(keep_replies)
-        assert keep is not None
-        self.keep_replies = keep
-        self.retention = check_seconds("retention", retention, allow_zero=True)
-        if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int):
-            raise InvalidArgument(f"max_body_bytes must be an integer, got {max_body_bytes!r}")
-        if max_body_bytes < 2:
-            raise InvalidArgument(f"max_body_bytes must be at least 2, got {max_body_bytes!r}")
-        self.max_body_bytes = max_body_bytes
-
-    @property
-    def clock(self) -> Clock:
-        return self.store.clock
-
-    def open(self, client_id: str, *, keep_replies: int | None = None) -> Session:
-        """Open the session of ``client_id``; if it exists, re-establish it (state kept)."""
-        client_id = check_name("client_id", client_id)
-        keep = check_keep(keep_replies)
-        with self.store.transaction() as tx:
-            _, created = q.open_session(
-                tx,
-                client_id,
-                now=self.clock.now(),
-                keep_replies=keep,
-                default_keep=self.keep_replies,
-            )
-        return Session(self, client_id, created=created)
-
-    def attach(self, client_id: str) -> Session:
-        """The existing session of ``client_id`` without counting a reconnect.
-
-        Raises ``SessionNotFound`` if the client never opened one (or closed it).
-        """
-        client_id = check_name("client_id", client_id)
-        with self.store.transaction(write=False) as tx:
-            if q.get_session(tx, client_id) is None:
-                raise _no_session(client_id)
-        return Session(self, client_id, created=False)
-
-    def info(self, client_id: str) -> SessionInfo:
-        """The stored session: LastRequest/LastEnqueuedID/LastDequeuedID and what it tracks."""
-        client_id = check_name("client_id", client_id)
-        with self.store.transaction(write=False) as tx:
-            s = q.get_session(tx, client_id)
-            if s is None:
-                raise _no_session(client_id)
-            rows = q.session_requests(tx, client_id)
-        return SessionInfo(
-            client_id=client_id,
-            created_at=float(s["created_at"]),
-            reconnected_at=float(s["reconnected_at"]),
-            connects=int(s["connects"]),
-            keep_replies=int(s["keep_replies"]),
-            last_request_id=s["last_request_id"],
-            last_enqueued_id=s["last_enqueued_id"],
-            last_dequeued_id=s["last_dequeued_id"],
-            unfinished=[str(r["id"]) for r in rows if r["state"] != "taken"],
-            dequeued=[str(r["id"]) for r in rows if r["state"] == "taken"],
-        )
-
-    def lookup(self, request_id: str) -> RequestRecord:
-        """Status and reply of any request within the retention period, by id."""
-        request_id = check_name("request id", request_id)
-        with self.store.transaction(write=False) as tx:
-            row = q.get_request(tx, request_id)
-        if row is None:
-            raise RequestNotFound(
-                f"no request {request_id!r}: it was never submitted, or it finished more than "
-                f"the retention period ({self.retention:g}s) ago and was deleted"
-            )
-        return RequestRecord(
-            id=str(row["id"]),
-            client_id=str(row["client_id"]),
-            queue=str(row["queue"]),
-            state=str(row["state"]),
-            body=decode(row["body"]),
-            reply=decode(row["reply"]),
-            error=row["reply_error"],
-            attempts=int(row["attempts"]),
-            last_error=row["last_error"],
-            server=row["server"],
-            created_at=float(row["created_at"]),
-            replied_at=row["replied_at"],
-            taken_at=row["taken_at"],
-            confirmed_at=row["confirmed_at"],
-        )
-
-    def gc(self, *, older_than: float | None = None) -> int:
-        """Delete requests whose reply was taken more than ``older_than`` (default: the
-        retention) seconds ago and that no session still remembers; returns how many."""
-        keep = (
-            self.retention
-            if older_than is None
-            else check_seconds("older_than", older_than, allow_zero=True)
-        )
-        with self.store.transaction() as tx:
-            return q.gc(tx, taken_before=self.clock.now() - keep)
-
-    def queue_depths(self) -> list[tuple[str, str, int]]:
-        """(queue, state, count) of requests not yet taken: queued and replied."""
-        with self.store.transaction(write=False) as tx:
-            return q.queue_depths(tx)
-
-
-def _no_session(client_id: str) -> SessionNotFound:
-    return SessionNotFound(
-        f"no session for client {client_id!r}; open one with Sessions.open(client_id) "
-        "(POST /clients/{client_id}/session over HTTP)"
-    )
+_DONE = {"resubmit": "resubmitted", "drop": "dropped"}
 
 
 class Session:
     """One client's persistent session; cheap to create, all state lives in the store.
 
-    ``created`` is False when ``open`` re-established an existing session.
+    ``created`` is False when ``open`` re-established an existing session; ``epoch`` is the
+    session's epoch when this handle was made (a later ``open`` fences this handle).
     """
 
-    def __init__(self, sessions: Sessions, client_id: str, *, created: bool) -> None:
+    def __init__(
+        self, sessions: Sessions, client_id: str, *, created: bool, epoch: int | None = None
+    ) -> None:
         self.sessions = sessions
         self.client_id = client_id
         self.created = created
+        self.epoch = epoch
 
     @property
     def reestablished(self) -> bool:
@@ -240,9 +79,20 @@ class Session:
         return self.sessions.store
 
     def _lock(self, tx: Tx) -> dict[str, Any]:
-        s = q.lock_session(tx, self.client_id)
+        s = q.lock_session(tx, self.client_id, now=self.sessions.clock.now())
+        return self._check(s)
+
+    def _check(self, s: dict[str, Any] | None) -> dict[str, Any]:
+        """The session row, if this handle may still act for the client."""
         if s is None:
-            raise _no_session(self.client_id)
+            raise no_session(self.client_id)
+        if self.epoch is not None and int(s["epoch"]) != self.epoch:
+            raise SessionFenced(
+                f"the session of client {self.client_id!r} was opened again by another "
+                f"process (epoch {s['epoch']}, this handle has epoch {self.epoch}): this "
+                "handle is fenced and did nothing. Stop, or open the session again to take "
+                "it over"
+            )
         return s
 
     def info(self) -> SessionInfo:
@@ -256,9 +106,11 @@ class Session:
         return Request(rid, queue, body), text
 
     def prepare(self, queue: str, body: Any, *, request_id: str | None = None) -> Request:
-        """Transaction 0: record the request as the session's LastRequest, not yet submitted.
+        """Transaction 0: record the request (and make it the session's LastRequest), not
+        yet submitted.
 
-        After a crash before ``enqueue``, ``recover()`` reports it in state A with its body.
+        After a crash before ``enqueue``, ``recover()`` reports it in state A with its body;
+        so does every other prepared request not yet enqueued (at most ``MAX_PREPARED``).
         """
         request, text = self._new_request(queue, body, request_id)
         with self._store.transaction() as tx:
@@ -266,9 +118,25 @@ class Session:
             existing = q.get_request(tx, request.id)
             if existing is not None:
                 raise self._duplicate(existing)
-            q.set_last_request(
-                tx, self.client_id, request.id, request.queue, text, self.sessions.clock.now()
-            )
+            if q.count_prepared(tx, self.client_id) >= MAX_PREPARED:
+                raise TooManyPrepared(
+                    f"client {self.client_id!r} has {MAX_PREPARED} prepared requests not yet "
+                    "submitted; enqueue, resubmit or drop some (recover() lists them, state A)"
+                )
+            now = self.sessions.clock.now()
+            if not q.insert_prepared(
+                tx,
+                request_id=request.id,
+                client_id=self.client_id,
+                queue=request.queue,
+                body=text,
+                now=now,
+            ):
+                raise DuplicateRequest(
+                    f"request {request.id!r} is prepared already (state A); use a new id, "
+                    "or resubmit it"
+                )
+            q.set_last_request(tx, self.client_id, request.id, request.queue, text, now)
         failpoint("sessions.after_request_prepared")
         return request
 
@@ -294,6 +162,7 @@ class Session:
                 existing = q.get_request(tx, checked.id)
                 assert existing is not None
                 raise self._duplicate(existing)
+            q.delete_prepared(tx, self.client_id, checked.id)
             q.set_last_enqueued(tx, self.client_id, checked.id)
         failpoint("sessions.after_request_enqueued")
         return checked
@@ -320,36 +189,50 @@ class Session:
             "what to do with this one"
         )
 
-    def resubmit(self) -> Request:
-        """State A: enqueue the session's LastRequest, which never reached the queue."""
-        with self._store.transaction(write=False) as tx:
-            s = q.get_session(tx, self.client_id)
-        if s is None:
-            raise _no_session(self.client_id)
-        if s["last_request_id"] is None:
-            raise InvalidState(
-                f"client {self.client_id!r} has no unsubmitted request to resubmit; "
-                "recover() shows the state of its requests"
-            )
-        request = Request(
-            str(s["last_request_id"]), str(s["last_request_queue"]), decode(s["last_request_body"])
-        )
-        return self.enqueue(request)
-
-    def drop(self) -> Request:
-        """State A: forget the session's unsubmitted LastRequest instead of resubmitting it."""
-        with self._store.transaction() as tx:
-            s = self._lock(tx)
-            rid = s["last_request_id"]
-            if rid is None:
-                raise InvalidState(f"client {self.client_id!r} has no unsubmitted request to drop")
-            if q.get_request(tx, str(rid)) is not None:
+    def _prepared(self, tx: Tx, request_id: str | None, verb: str) -> dict[str, Any]:
+        """The prepared request ``request_id`` (default: the LastRequest) of this client;
+        ``verb`` ("resubmit" or "drop") words the error when there is none."""
+        s = self._lock(tx)
+        rid = request_id if request_id is not None else s["last_request_id"]
+        row = None if rid is None else q.get_prepared(tx, str(rid))
+        if row is None or row["client_id"] != self.client_id:
+            existing = None if rid is None else q.get_request(tx, str(rid))
+            if existing is not None and verb == "resubmit":
+                raise self._duplicate(existing)
+            if existing is not None:
                 raise InvalidState(
-                    f"request {rid!r} was submitted already and cannot be dropped; "
+                    f"request {rid!r} was submitted already and cannot be {_DONE[verb]}; "
                     "wait for its reply (recover() tells its state)"
                 )
-            q.set_last_request(tx, self.client_id, None, None, None, self.sessions.clock.now())
-        return Request(str(rid), str(s["last_request_queue"]), decode(s["last_request_body"]))
+            which = "no unsubmitted request" if rid is None else f"no prepared request {rid!r}"
+            raise InvalidState(
+                f"client {self.client_id!r} has {which} to {verb}; "
+                "recover() lists the prepared ones (state A)"
+            )
+        return row
+
+    def resubmit(self, request_id: str | None = None) -> Request:
+        """State A: enqueue a prepared request (default: the LastRequest) that never
+        reached the queue."""
+        if request_id is not None:
+            request_id = check_name("request id", request_id)
+        with self._store.transaction() as tx:
+            row = self._prepared(tx, request_id, "resubmit")
+        request = Request(str(row["id"]), str(row["queue"]), decode(row["body"]))
+        return self.enqueue(request)
+
+    def drop(self, request_id: str | None = None) -> Request:
+        """State A: forget a prepared request (default: the LastRequest) instead of
+        resubmitting it."""
+        if request_id is not None:
+            request_id = check_name("request id", request_id)
+        with self._store.transaction() as tx:
+            row = self._prepared(tx, request_id, "drop")
+            q.delete_prepared(tx, self.client_id, str(row["id"]))
+            s = q.get_session(tx, self.client_id)
+            if s is not None and s["last_request_id"] == row["id"]:
+                q.set_last_request(tx, self.client_id, None, None, None, self.sessions.clock.now())
+        return Request(str(row["id"]), str(row["queue"]), decode(row["body"]))
 
     # -- Transaction 3 -------------------------------------------------------------------
     def peek_reply(self, *, request_id: str | None = None) -> Reply | None:
@@ -357,10 +240,9 @@ class Session:
         if request_id is not None:
             request_id = check_name("request id", request_id)
         with self._store.transaction(write=False) as tx:
-            if q.get_session(tx, self.client_id) is None:
-                raise _no_session(self.client_id)
+            self._check(q.get_session(tx, self.client_id))
             row = q.next_reply(tx, self.client_id, request_id)
-        return None if row is None else _reply_of(row)
+        return None if row is None else reply_of(row)
 
     def take_reply(
         self,
@@ -405,7 +287,7 @@ class Session:
                 return None  # pragma: no cover - the row is locked by next_reply
             q.set_last_dequeued(tx, self.client_id, str(row["id"]))
             q.trim_remembered(tx, self.client_id, int(s["keep_replies"]))
-            reply = _reply_of({**row, "taken_at": now})
+            reply = reply_of({**row, "taken_at": now})
             if handler is not None:
                 handler(reply, txn)
             failpoint("sessions.client_before_reply_commit")
@@ -452,21 +334,27 @@ class Session:
         if last_request_id is not None:
             last_request_id = check_name("last_request_id", last_request_id)
         with self._store.transaction(write=False) as tx:
-            s = q.get_session(tx, self.client_id)
-            if s is None:
-                raise _no_session(self.client_id)
+            s = self._check(q.get_session(tx, self.client_id))
             rows = q.session_requests(tx, self.client_id)
+            prepared = q.list_prepared(tx, self.client_id)
             last_id = last_request_id or s["last_request_id"] or s["last_enqueued_id"]
             by_id = {str(r["id"]): r for r in rows}
             last_row = None
             if last_id is not None:
                 last_row = by_id.get(str(last_id)) or q.get_request(tx, str(last_id))
-        statuses = [_row_status(r) for r in rows]
+        statuses = [row_status(r) for r in rows]
+        unsubmitted = {
+            str(p["id"]): make_status(str(p["id"]), "A", str(p["queue"]), decode(p["body"]))
+            for p in prepared
+        }
         last: RequestStatus | None = None
         if last_id is not None:
-            last = self._last_status(s, str(last_id), last_row, last_request_id is not None)
-            if last.state == "A":
+            last = unsubmitted.get(str(last_id)) or last_status(
+                self.client_id, s, str(last_id), last_row, last_request_id is not None
+            )
+            if last.state == "A" and last.request_id not in unsubmitted:
                 statuses.append(last)
+        statuses.extend(unsubmitted.values())
         return Recovery(
             client_id=self.client_id,
             last_request_id=None if last_id is None else str(last_id),
@@ -475,33 +363,6 @@ class Session:
             last=last,
             requests=statuses,
         )
-
-    def _last_status(
-        self, s: dict[str, Any], last_id: str, row: dict[str, Any] | None, client_kept: bool
-    ) -> RequestStatus:
-        if row is not None and row["client_id"] != self.client_id:
-            raise InvalidArgument(
-                f"request {last_id!r} belongs to another client, not {self.client_id!r}"
-            )
-        if last_id != s["last_enqueued_id"] and row is None:
-            own = s["last_request_id"] == last_id and not client_kept
-            return _status(
-                last_id,
-                "A",
-                s["last_request_queue"] if own else None,
-                decode(s["last_request_body"]) if own else None,
-            )
-        if last_id == s["last_dequeued_id"]:
-            return _status(
-                last_id,
-                "D",
-                None if row is None else str(row["queue"]),
-                None if row is None else decode(row["body"]),
-                None if row is None else _reply_of(row),
-            )
-        if row is None:  # enqueued once, and its record has passed the retention period
-            return _status(last_id, "D", None, None, None, "its record passed the retention")
-        return _row_status(row)
 
     def close(self) -> None:
         """End the session: the queue manager forgets the client. Refused while the client
@@ -514,5 +375,7 @@ class Session:
                     f"client {self.client_id!r} has {open_count} request(s) not yet answered "
                     "and taken; take their replies before closing the session"
                 )
+            for p in q.list_prepared(tx, self.client_id):
+                q.delete_prepared(tx, self.client_id, str(p["id"]))
             q.forget_client(tx, self.client_id)
             q.delete_session(tx, self.client_id)

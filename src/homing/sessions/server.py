@@ -3,7 +3,9 @@
 One transaction dequeues a request, runs the handler (which gets that transaction for its
 own writes) and enqueues the reply to the client's private reply queue. A crash anywhere
 before the commit rolls all of it back and leaves the request in the request queue, so the
-handler's writes take effect exactly once.
+handler's writes take effect exactly once. Taking the request (a lease, counted as an
+attempt) is a short transaction of its own, so a poison request that kills its server is
+counted and dead-lettered after ``max_attempts``, and a hung handler blocks nobody.
 """
 
 from __future__ import annotations
@@ -11,12 +13,15 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from contextlib import nullcontext
+from typing import Any, Literal
 
 from homing._failpoints import failpoint
 from homing.database import Database, Transaction
-from homing.errors import ConfigurationError, InvalidArgument, PermanentFailure
+from homing.errors import ConfigurationError, HomingError, InvalidArgument, PermanentFailure
+from homing.ids import uuid7
 from homing.jobs import check_seconds
 from homing.sessions._model import (
     DEFAULT_MAX_BODY_BYTES,
@@ -29,16 +34,79 @@ from homing.store import sessions_queries as q
 
 RequestHandler = Callable[[Request, Transaction], Any]
 MAX_BACKOFF_S = 3600.0
+DEFAULT_LEASE_S = 10.0
+DEFAULT_HANDLER_TIMEOUT_S = 300.0
+_DEFERRED_TRIES = 2  # SQLite: deferred tries before a handler runs under the write lock
+
+
+class _HandlerFailed(Exception):
+    """The handler raised (or returned what cannot be a reply): ``exc`` says what."""
+
+    def __init__(self, exc: Exception) -> None:
+        super().__init__(str(exc))
+        self.exc = exc
+
+
+class _LeaseLost(Exception):
+    """Another server took the request after this one's lease ran out."""
+
+
+class _WriteConflict(Exception):
+    """SQLite refused a deferred transaction's write (another writer came first)."""
+
+
+class _LeaseKeeper:
+    """Extends a request's lease while its handler runs, for at most ``handler_timeout``
+    seconds: a server that dies stops extending at once, a hung handler after the timeout;
+    either way the request becomes due again when the lease runs out."""
+
+    def __init__(self, server: Server, request_id: str, token: str) -> None:
+        self.server = server
+        self.request_id = request_id
+        self.token = token
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="homing-sessions-lease", daemon=True)
+
+    def __enter__(self) -> _LeaseKeeper:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def _run(self) -> None:
+        store = self.server.db.store
+        lease = self.server.lease
+        give_up = time.monotonic() + self.server.handler_timeout
+        while not self.stop.wait(lease / 3):
+            if time.monotonic() >= give_up:
+                return  # a hung handler: let the lease run out
+            try:
+                with store.transaction() as tx:
+                    kept = q.extend_lease(
+                        tx, self.request_id, self.token, until=store.clock.now() + lease
+                    )
+            except HomingError:
+                continue  # the store is busy or away: try again on the next beat
+            if not kept:
+                return
 
 
 class Server:
     """Answers requests of ``queues`` with ``handler(request, txn) -> reply body``.
 
-    The handler's return value (JSON) becomes the reply. If it raises, its writes are rolled
-    back and the request is retried after ``retry_in * 2**(attempts-1)`` seconds; after
-    ``max_attempts`` failures, or at once for ``PermanentFailure``, the client gets a reply
-    whose ``error`` says why. Several servers may serve the same queues (on PostgreSQL they
-    work in parallel; SQLite runs one write transaction at a time, so keep handlers short).
+    Taking a request counts an attempt and leases it for ``lease`` seconds (extended while
+    the handler runs, for at most ``handler_timeout`` seconds). A server that crashes or
+    hangs stops extending, so its request returns to the queue when the lease runs out,
+    and the late handler's commit is refused. If the handler raises, its writes are rolled
+    back and the request is retried after ``retry_in * 2**(attempts-1)`` seconds. After
+    ``max_attempts`` takes without an answer (exceptions, crashes and hangs alike), or at
+    once for ``PermanentFailure``, the client gets a dead reply whose ``error`` says why.
+
+    The handler runs in its own transaction, not in the one that took the request. On
+    SQLite that transaction is deferred: it takes the write lock at the handler's first
+    write, so a handler that computes or waits before writing blocks nobody's submit.
     """
 
     def __init__(
@@ -49,6 +117,8 @@ class Server:
         *,
         max_attempts: int = 5,
         retry_in: float = 1.0,
+        lease: float = DEFAULT_LEASE_S,
+        handler_timeout: float = DEFAULT_HANDLER_TIMEOUT_S,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         name: str | None = None,
     ) -> None:
@@ -67,63 +137,119 @@ class Server:
         self.handler = handler
         self.max_attempts = max_attempts
         self.retry_in = check_seconds("retry_in", retry_in, allow_zero=True)
+        self.lease = check_seconds("lease", lease, allow_zero=False)
+        self.handler_timeout = check_seconds("handler_timeout", handler_timeout, allow_zero=False)
         self.max_body_bytes = max_body_bytes
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
 
     def process_one(self) -> bool:
-        """Handle one due request, if any; True if one was answered or retried."""
+        """Take one due request, if any, and answer, retry or dead-letter it; True if one
+        was taken."""
         store = self.db.store
         # Look first without locking, so idle servers do not hold SQLite's write lock or
         # make PostgreSQL commit a row lock on every poll.
         with store.transaction(write=False) as tx:
             if not q.request_due(tx, self.queues, now=store.clock.now()):
                 return False
-        failed: tuple[Request, BaseException] | None = None
+        taken = self._take()
+        if taken is None:
+            return False
+        if taken != "dead":
+            request, token = taken
+            with _LeaseKeeper(self, request.id, token):
+                self._serve(request, token)
+        return True
+
+    def _take(self) -> tuple[Request, str] | Literal["dead"] | None:
+        """Transaction 2a: lease the oldest due request (short; the handler is not in it).
+        A request taken ``max_attempts`` times already gets its dead reply here instead."""
+        store = self.db.store
+        with store.transaction() as tx:
+            now = store.clock.now()
+            row = q.next_due_request(tx, self.queues, now=now)
+            if row is None:
+                return None
+            rid = str(row["id"])
+            if int(row["attempts"]) >= self.max_attempts:
+                last = row["last_error"] or "the server died or hung (its lease ran out)"
+                q.enqueue_reply(
+                    tx,
+                    rid,
+                    reply=None,
+                    error=f"dead: taken {row['attempts']} times (max_attempts "
+                    f"{self.max_attempts}) without an answer; last: {last}",
+                    now=now,
+                    server=self.name,
+                    token=None,
+                )
+                return "dead"
+            token = uuid7()
+            q.lease_request(tx, rid, token=token, until=now + self.lease, server=self.name)
+        failpoint("sessions.server_after_take")
+        return Request(rid, str(row["queue"]), decode(row["body"])), token
+
+    def _serve(self, request: Request, token: str) -> None:
+        """Transaction 2b: run the handler and move the request to the reply queue, both in
+        one transaction that commits only while this server still holds the lease."""
+        for attempt in range(_DEFERRED_TRIES + 1):
+            deferred = self.db.dialect == "sqlite" and attempt < _DEFERRED_TRIES
+            try:
+                self._answer(request, token, deferred=deferred)
+                return
+            except _WriteConflict:
+                continue
+            except _LeaseLost:
+                return  # another server has it now; our writes were rolled back
+            except _HandlerFailed as failed:
+                self._record_failure(request, token, failed.exc)
+                return
+
+    def _answer(self, request: Request, token: str, *, deferred: bool) -> None:
+        store = self.db.store
+        outer = store.transaction(write=False) if deferred else nullcontext()
         try:
-            with self.db.transaction() as txn:
-                row = q.next_request(txn.tx, self.queues, now=store.clock.now())
-                if row is None:
-                    return False
-                request = Request(str(row["id"]), str(row["queue"]), decode(row["body"]))
+            with outer, self.db.transaction() as txn:
                 try:
                     body = self.handler(request, txn)
                     text = encode_body("reply body", body, self.max_body_bytes)
                 except Exception as exc:
-                    failed = (request, exc)
-                    raise
-                q.enqueue_reply(
+                    if deferred and q.is_write_conflict(exc):
+                        raise _WriteConflict() from exc
+                    raise _HandlerFailed(exc) from exc
+                if not q.enqueue_reply(
                     txn.tx,
                     request.id,
                     reply=text,
                     error=None,
                     now=store.clock.now(),
                     server=self.name,
-                    count_attempt=True,
-                )
+                    token=token,
+                ):
+                    raise _LeaseLost()
                 failpoint("sessions.server_before_commit")
-            return True
+        except (_WriteConflict, _LeaseLost, _HandlerFailed):
+            raise
         except Exception as exc:
-            if failed is None or failed[1] is not exc:
-                raise  # the store failed, not the handler
-        self._record_failure(*failed)
-        return True
+            if deferred and q.is_write_conflict(exc):
+                raise _WriteConflict() from exc
+            raise
 
-    def _record_failure(self, request: Request, exc: BaseException) -> None:
+    def _record_failure(self, request: Request, token: str, exc: BaseException) -> None:
         message = f"{type(exc).__name__}: {exc}"[:10_000]
         store = self.db.store
         with store.transaction() as tx:
             row = q.get_request(tx, request.id)
-            if row is None or row["state"] != "queued":
-                return  # another server answered it meanwhile
-            attempts = int(row["attempts"]) + 1
+            if row is None or row["state"] != "queued" or row["lease_token"] != token:
+                return  # another server took it meanwhile (our lease ran out)
+            attempts = int(row["attempts"])
             now = store.clock.now()
             if isinstance(exc, PermanentFailure) or attempts >= self.max_attempts:
                 why = (
                     "permanent failure"
                     if isinstance(exc, PermanentFailure)
-                    else (f"gave up after {attempts} attempts")
+                    else f"gave up after {attempts} attempts"
                 )
-                q.postpone_request(tx, request.id, error=message, available_at=now)
+                q.release_request(tx, request.id, token, error=message, available_at=now)
                 q.enqueue_reply(
                     tx,
                     request.id,
@@ -131,11 +257,11 @@ class Server:
                     error=f"{why}: {message}",
                     now=now,
                     server=self.name,
-                    count_attempt=False,
+                    token=None,
                 )
             else:
                 delay = min(MAX_BACKOFF_S, self.retry_in * 2 ** (attempts - 1))
-                q.postpone_request(tx, request.id, error=message, available_at=now + delay)
+                q.release_request(tx, request.id, token, error=message, available_at=now + delay)
 
     def run(
         self,

@@ -6,6 +6,7 @@ request queue) -> ``replied`` (in the client's private reply queue) -> ``taken``
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,6 +24,8 @@ SESSION_COLUMNS = (
     "last_request_at",
     "last_enqueued_id",
     "last_dequeued_id",
+    "epoch",
+    "active_at",
 )
 REQUEST_COLUMNS = (
     "seq",
@@ -42,9 +45,12 @@ REQUEST_COLUMNS = (
     "taken_at",
     "confirmed_at",
     "remembered",
+    "lease_token",
 )
+PREPARED_COLUMNS = ("id", "client_id", "queue", "body", "prepared_at")
 _S_COLS = ", ".join(SESSION_COLUMNS)
 _R_COLS = ", ".join(REQUEST_COLUMNS)
+_P_COLS = ", ".join(PREPARED_COLUMNS)
 
 REQUEST_CHANNEL = "homing_session_requests"
 REPLY_CHANNEL = "homing_session_replies"
@@ -72,16 +78,18 @@ def open_session(
     created = (
         tx.rowcount(
             "INSERT INTO homing_sessions (client_id, created_at, reconnected_at, connects, "
-            "keep_replies) VALUES (?, ?, ?, 1, ?) ON CONFLICT (client_id) DO NOTHING",
-            (client_id, now, now, default_keep if keep_replies is None else keep_replies),
+            "keep_replies, epoch, active_at) VALUES (?, ?, ?, 1, ?, 1, ?) "
+            "ON CONFLICT (client_id) DO NOTHING",
+            (client_id, now, now, default_keep if keep_replies is None else keep_replies, now),
         )
         == 1
     )
     if not created:
         tx.execute(
-            "UPDATE homing_sessions SET connects = connects + 1, reconnected_at = ?, "
-            "keep_replies = COALESCE(?, keep_replies) WHERE client_id = ?",
-            (now, keep_replies, client_id),
+            "UPDATE homing_sessions SET connects = connects + 1, epoch = epoch + 1, "
+            "reconnected_at = ?, active_at = ?, keep_replies = COALESCE(?, keep_replies) "
+            "WHERE client_id = ?",
+            (now, now, keep_replies, client_id),
         )
     row = get_session(tx, client_id)
     assert row is not None
@@ -94,12 +102,13 @@ def get_session(tx: Tx, client_id: str) -> dict[str, Any] | None:
     )
 
 
-def lock_session(tx: Tx, client_id: str) -> dict[str, Any] | None:
-    """Read the session and hold its row until commit, so one client's steps serialise."""
-    suffix = " FOR UPDATE" if tx.dialect == "postgres" else ""
+def lock_session(tx: Tx, client_id: str, *, now: float) -> dict[str, Any] | None:
+    """Mark the session active and hold its row until commit, so one client's steps
+    serialise (and a fenced process sees the newer epoch)."""
     return _session(
         tx.query_one(
-            f"SELECT {_S_COLS} FROM homing_sessions WHERE client_id = ?{suffix}", (client_id,)
+            f"UPDATE homing_sessions SET active_at = ? WHERE client_id = ? RETURNING {_S_COLS}",
+            (now, client_id),
         )
     )
 
@@ -134,6 +143,53 @@ def set_last_dequeued(tx: Tx, client_id: str, request_id: str) -> None:
 
 def delete_session(tx: Tx, client_id: str) -> bool:
     return tx.rowcount("DELETE FROM homing_sessions WHERE client_id = ?", (client_id,)) == 1
+
+
+# -- prepared requests (Transaction 0) ---------------------------------------------------
+def insert_prepared(
+    tx: Tx, *, request_id: str, client_id: str, queue: str, body: str, now: float
+) -> bool:
+    """Remember a request the client is about to submit; False if the id is prepared already."""
+    return (
+        tx.rowcount(
+            "INSERT INTO homing_session_prepared (id, client_id, queue, body, prepared_at) "
+            "VALUES (?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+            (request_id, client_id, queue, body, now),
+        )
+        == 1
+    )
+
+
+def get_prepared(tx: Tx, request_id: str) -> dict[str, Any] | None:
+    row = tx.query_one(f"SELECT {_P_COLS} FROM homing_session_prepared WHERE id = ?", (request_id,))
+    return None if row is None else dict(zip(PREPARED_COLUMNS, row, strict=True))
+
+
+def list_prepared(tx: Tx, client_id: str) -> list[dict[str, Any]]:
+    """Every prepared-but-unsubmitted request of the client, oldest first."""
+    rows = tx.query(
+        f"SELECT {_P_COLS} FROM homing_session_prepared WHERE client_id = ? "
+        "ORDER BY prepared_at, id",
+        (client_id,),
+    )
+    return [dict(zip(PREPARED_COLUMNS, r, strict=True)) for r in rows]
+
+
+def count_prepared(tx: Tx, client_id: str) -> int:
+    row = tx.query_one(
+        "SELECT COUNT(*) FROM homing_session_prepared WHERE client_id = ?", (client_id,)
+    )
+    return int(row[0]) if row else 0
+
+
+def delete_prepared(tx: Tx, client_id: str, request_id: str) -> bool:
+    return (
+        tx.rowcount(
+            "DELETE FROM homing_session_prepared WHERE client_id = ? AND id = ?",
+            (client_id, request_id),
+        )
+        == 1
+    )
 
 
 def count_open_requests(tx: Tx, client_id: str) -> int:
@@ -197,8 +253,9 @@ def session_requests(tx: Tx, client_id: str) -> list[dict[str, Any]]:
 
 
 # -- server (Transaction 2) --------------------------------------------------------------
-def next_request(tx: Tx, queues: Sequence[str], *, now: float) -> dict[str, Any] | None:
-    """The oldest due request of ``queues``, locked until commit (others skip it)."""
+def next_due_request(tx: Tx, queues: Sequence[str], *, now: float) -> dict[str, Any] | None:
+    """The oldest due request of ``queues``, locked until commit (other servers skip it).
+    A request whose lease ran out is due again: its server died or hung."""
     if tx.dialect == "postgres":
         row = tx.query_one(
             f"SELECT {_R_COLS} FROM homing_session_requests WHERE queue = ANY(?) "
@@ -214,6 +271,42 @@ def next_request(tx: Tx, queues: Sequence[str], *, now: float) -> dict[str, Any]
             (*queues, now),
         )
     return _request(row)
+
+
+def lease_request(tx: Tx, request_id: str, *, token: str, until: float, server: str) -> None:
+    """Count one attempt and lease the request to ``token`` until ``until``."""
+    tx.execute(
+        "UPDATE homing_session_requests SET attempts = attempts + 1, lease_token = ?, "
+        "available_at = ?, server = ? WHERE id = ? AND state = 'queued'",
+        (token, until, server, request_id),
+    )
+
+
+def is_write_conflict(exc: BaseException) -> bool:
+    """Whether ``exc`` (or its cause) is SQLite refusing a deferred transaction's write
+    because another connection wrote first (busy / locked): safe to retry from scratch."""
+    seen: BaseException | None = exc
+    for _ in range(5):
+        if seen is None:
+            return False
+        if isinstance(seen, sqlite3.OperationalError) and (
+            "locked" in str(seen) or "busy" in str(seen)
+        ):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def extend_lease(tx: Tx, request_id: str, token: str, *, until: float) -> bool:
+    """Keep a request leased while its handler runs; False if the lease was lost."""
+    return (
+        tx.rowcount(
+            "UPDATE homing_session_requests SET available_at = ? WHERE id = ? "
+            "AND state = 'queued' AND lease_token = ?",
+            (until, request_id, token),
+        )
+        == 1
+    )
 
 
 def request_due(tx: Tx, queues: Sequence[str], *, now: float) -> bool:
@@ -235,30 +328,39 @@ def enqueue_reply(
     error: str | None,
     now: float,
     server: str,
-    count_attempt: bool,
+    token: str | None,
 ) -> bool:
-    """Move the request from the request queue to its client's reply queue."""
-    inserted = (
-        tx.rowcount(
-            "UPDATE homing_session_requests SET state = 'replied', reply = ?, reply_error = ?, "
-            "replied_at = ?, server = ?, attempts = attempts + ? WHERE id = ? AND state = 'queued'",
-            (reply, error, now, server, 1 if count_attempt else 0, request_id),
-        )
-        == 1
+    """Move the request from the request queue to its client's reply queue; with a
+    ``token``, only while that lease is still the request's (else nothing changes)."""
+    sql = (
+        "UPDATE homing_session_requests SET state = 'replied', reply = ?, reply_error = ?, "
+        "replied_at = ?, server = ?, lease_token = NULL WHERE id = ? AND state = 'queued'"
     )
+    params: tuple[Any, ...] = (reply, error, now, server, request_id)
+    if token is not None:
+        sql += " AND lease_token = ?"
+        params += (token,)
+    inserted = tx.rowcount(sql, params) == 1
     if inserted:
         _notify(tx, REPLY_CHANNEL)
     return inserted
 
 
-def postpone_request(tx: Tx, request_id: str, *, error: str, available_at: float) -> int:
-    """Record a failed attempt and make the request due again later; returns attempts."""
-    row = tx.query_one(
-        "UPDATE homing_session_requests SET attempts = attempts + 1, last_error = ?, "
-        "available_at = ? WHERE id = ? AND state = 'queued' RETURNING attempts",
-        (error, available_at, request_id),
+def release_request(
+    tx: Tx, request_id: str, token: str, *, error: str, available_at: float
+) -> bool:
+    """A handler failed: record why and make the request due again at ``available_at``."""
+    released = (
+        tx.rowcount(
+            "UPDATE homing_session_requests SET last_error = ?, available_at = ?, "
+            "lease_token = NULL WHERE id = ? AND state = 'queued' AND lease_token = ?",
+            (error, available_at, request_id, token),
+        )
+        == 1
     )
-    return int(row[0]) if row else 0
+    if released:
+        _notify(tx, REQUEST_CHANNEL)
+    return released
 
 
 # -- client (Transaction 3) --------------------------------------------------------------
@@ -322,6 +424,34 @@ def gc(tx: Tx, *, taken_before: float) -> int:
         "AND taken_at < ?",
         (taken_before,),
     )
+
+
+def expire_sessions(tx: Tx, *, idle_before: float, limit: int = 1000) -> int:
+    """Delete up to ``limit`` sessions idle since before the cutoff, with their prepared
+    requests and every request and reply of theirs; returns how many sessions."""
+    clients = [
+        str(r[0])
+        for r in tx.query(
+            "SELECT client_id FROM homing_sessions WHERE COALESCE(active_at, reconnected_at) < ? "
+            "ORDER BY COALESCE(active_at, reconnected_at) LIMIT ?",
+            (idle_before, limit),
+        )
+    ]
+    if not clients:
+        return 0
+    marks = ", ".join("?" for _ in clients)
+    tx.execute(f"DELETE FROM homing_session_prepared WHERE client_id IN ({marks})", clients)
+    tx.execute(f"DELETE FROM homing_session_requests WHERE client_id IN ({marks})", clients)
+    return tx.rowcount(f"DELETE FROM homing_sessions WHERE client_id IN ({marks})", clients)
+
+
+def table_sizes(tx: Tx) -> dict[str, int]:
+    """Row counts of the sessions tables, for ``homing gc`` reports and tests."""
+    sizes: dict[str, int] = {}
+    for table in ("homing_sessions", "homing_session_requests", "homing_session_prepared"):
+        row = tx.query_one(f"SELECT COUNT(*) FROM {table}")
+        sizes[table] = int(row[0]) if row else 0
+    return sizes
 
 
 def queue_depths(tx: Tx) -> list[tuple[str, str, int]]:

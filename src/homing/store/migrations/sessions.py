@@ -9,6 +9,12 @@ one table, and moving a request from one queue to the next is one row update:
 ``queued`` (in the request queue, ordered by ``seq``) -> ``replied`` (in the client's reply
 queue, ordered by ``replied_at, seq``) -> ``taken`` (dequeued by the client). ``remembered``
 marks the last n replies the client dequeued and has not yet confirmed.
+
+Version 2 (issue 14): a request being served is leased (``lease_token``; ``available_at`` is
+then the lease's end), so a crashed or hung server's request returns to the queue and
+``attempts`` counts takes, not exceptions; ``homing_sessions.epoch`` fences an older
+process of the same client and ``active_at`` drives session expiry;
+``homing_session_prepared`` keeps every prepared-but-unsubmitted request (state A).
 """
 
 from __future__ import annotations
@@ -62,11 +68,39 @@ def _schema(real: str, serial: str) -> tuple[str, ...]:
     )
 
 
+def _v2(real: str) -> tuple[str, ...]:
+    return (
+        "ALTER TABLE homing_session_requests ADD COLUMN lease_token TEXT",
+        "ALTER TABLE homing_sessions ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0",
+        f"ALTER TABLE homing_sessions ADD COLUMN active_at {real}",
+        "UPDATE homing_sessions SET active_at = reconnected_at",
+        f"""CREATE TABLE homing_session_prepared (
+            id TEXT PRIMARY KEY,
+            client_id TEXT NOT NULL,
+            queue TEXT NOT NULL,
+            body TEXT NOT NULL,
+            prepared_at {real} NOT NULL
+        )""",
+        """CREATE INDEX homing_session_prepared_client
+           ON homing_session_prepared (client_id, prepared_at)""",
+        """INSERT INTO homing_session_prepared (id, client_id, queue, body, prepared_at)
+           SELECT last_request_id, client_id, last_request_queue, last_request_body,
+                  last_request_at FROM homing_sessions
+           WHERE last_request_id IS NOT NULL AND (last_enqueued_id IS NULL
+                 OR last_request_id <> last_enqueued_id)
+             AND last_request_id NOT IN (SELECT id FROM homing_session_requests)""",
+        "CREATE INDEX homing_sessions_active ON homing_sessions (active_at)",
+    )
+
+
 MIGRATIONS: list[Migration] = [
     Migration(
         1,
         "sessions",
         _schema("REAL", "INTEGER PRIMARY KEY AUTOINCREMENT"),
         _schema("DOUBLE PRECISION", "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY"),
-    )
+    ),
+    Migration(
+        2, "sessions leases, fencing, prepared requests", _v2("REAL"), _v2("DOUBLE PRECISION")
+    ),
 ]

@@ -1,6 +1,6 @@
 """Request/reply round trips per second through sessions (Transactions 0-3), 1 and 16 clients.
 
-    python -m homing.sessions.bench [--seconds 5] [--postgres URL] [--json out.json]
+    python bench/sessions_roundtrip.py [--seconds 5] [--postgres URL] [--json out.json]
 
 Each client thread loops: submit (T0 + T1), wait for the reply, take it (T3); server
 threads answer (T2). Durable commits (SQLite synchronous=FULL, PostgreSQL fsync) as in
@@ -17,8 +17,7 @@ import time
 from typing import Any
 
 import homing
-from homing.sessions.client import Sessions
-from homing.sessions.server import Server
+from homing.sessions import Server, Sessions
 
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/test"
 

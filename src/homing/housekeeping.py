@@ -1,0 +1,127 @@
+"""``homing gc``: one pass that cleans every table of a store that grows with traffic.
+
+Each step deletes what is past its retention and returns how many rows it deleted:
+
+==================  ==========================================  =========================
+step                what it deletes                              default retention
+==================  ==========================================  =========================
+jobs                finished jobs (done / failed)               7 days after finishing
+sessions.requests   requests whose reply was taken, no longer   30 days after the take
+                    remembered by their session
+sessions.expired    sessions idle longer than the session TTL,  30 days without a client
+                    with their prepared requests, unanswered    action
+                    requests and untaken replies
+engine.published    the engine's published-id ledger (publisher 7 days after publishing
+                    dedup: a retry after this is a new message)
+http.tombstones     finished outbox rows (sender tombstones)    7 days (the receiver's
+                    and handled inbox ids (receiver tombstones) published retention)
+==================  ==========================================  =========================
+
+Steps call the query functions of each part in ``homing.store`` (no SQL here) and run in
+short transactions of their own, so a long clean-up never holds a lock for long. Another
+part adds its own step with ``register`` (the messenger's seen and channel rows).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from homing.database import Database
+from homing.errors import InvalidArgument
+from homing.jobs import DEFAULT_RETENTION_S as JOBS_RETENTION_S
+from homing.jobs import check_seconds
+from homing.store import engine_queries, http_queries, sessions_queries
+
+DAY = 24 * 3600.0
+SESSIONS_RETENTION_S = 30 * DAY  # homing.sessions' DEFAULT_RETENTION_S
+SESSION_TTL_S = 30 * DAY  # homing.sessions' DEFAULT_SESSION_TTL_S
+ENGINE_PUBLISHED_RETENTION_S = 7 * DAY
+HTTP_RETENTION_S = 7 * DAY  # homing.http's Receiver default retention
+_EXPIRE_BATCH = 1000
+
+
+@dataclass(frozen=True)
+class Retention:
+    """Seconds each kind of row is kept (see the module docstring for what each means)."""
+
+    jobs: float = JOBS_RETENTION_S
+    sessions: float = SESSIONS_RETENTION_S
+    session_ttl: float = SESSION_TTL_S
+    engine_published: float = ENGINE_PUBLISHED_RETENTION_S
+    http: float = HTTP_RETENTION_S
+
+    def __post_init__(self) -> None:
+        for name in ("jobs", "sessions", "engine_published", "http"):
+            check_seconds(name, getattr(self, name), allow_zero=True)
+        check_seconds("session_ttl", self.session_ttl, allow_zero=False)
+
+
+Step = Callable[[Database, Retention], dict[str, int]]
+
+
+@dataclass
+class Housekeeping:
+    """The clean-up steps run by ``homing gc``; ``register`` adds one."""
+
+    steps: dict[str, Step] = field(default_factory=dict)
+
+    def register(self, name: str, step: Step) -> None:
+        if not name or name in self.steps:
+            raise InvalidArgument(f"a gc step needs a new name, got {name!r}")
+        self.steps[name] = step
+
+    def run(self, db: Database, retention: Retention | None = None) -> dict[str, int]:
+        """Run every step; returns rows deleted per table (or per kind of row)."""
+        keep = retention or Retention()
+        deleted: dict[str, int] = {}
+        for step in self.steps.values():
+            deleted.update(step(db, keep))
+        return deleted
+
+
+def _jobs(db: Database, keep: Retention) -> dict[str, int]:
+    return {"jobs": db.gc(older_than=keep.jobs)}
+
+
+def _sessions(db: Database, keep: Retention) -> dict[str, int]:
+    now = db.clock.now()
+    with db.store.transaction() as tx:
+        taken = sessions_queries.gc(tx, taken_before=now - keep.sessions)
+    expired = 0
+    while True:
+        with db.store.transaction() as tx:
+            n = sessions_queries.expire_sessions(
+                tx, idle_before=now - keep.session_ttl, limit=_EXPIRE_BATCH
+            )
+        expired += n
+        if n < _EXPIRE_BATCH:
+            break
+    return {"sessions.requests": taken, "sessions.expired": expired}
+
+
+def _engine(db: Database, keep: Retention) -> dict[str, int]:
+    with db.store.transaction() as tx:
+        n = engine_queries.forget_published(tx, before=db.clock.now() - keep.engine_published)
+    return {"engine.published": n}
+
+
+def _http(db: Database, keep: Retention) -> dict[str, int]:
+    with db.store.transaction() as tx:
+        outbox, inbox = http_queries.gc(tx, before=db.clock.now() - keep.http)
+    return {"http.outbox": outbox, "http.inbox": inbox}
+
+
+def default_housekeeping() -> Housekeeping:
+    """The steps of every part that ships with homing (one store, not a sharded list)."""
+    h = Housekeeping()
+    h.register("jobs", _jobs)
+    h.register("sessions", _sessions)
+    h.register("engine", _engine)
+    h.register("http", _http)
+    return h
+
+
+def collect(db: Database, retention: Retention | None = None) -> dict[str, int]:
+    """One ``homing gc`` pass over ``db``: rows deleted per table (or kind of row)."""
+    return default_housekeeping().run(db, retention)
