@@ -112,6 +112,8 @@ class DBOSDriver(Driver):
             "consumer": "DBOS.launch() per process, queue registered with defaults",
             "polling_interval_sec": 1.0,
             "worker_concurrency": None,
+            "executor threads": "unbounded (max_executor_threads default)",
+            "executor_id": "local (default without Conductor; the same in both processes)",
             "queue notification": "none (polled)",
         }
 
