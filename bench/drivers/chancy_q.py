@@ -121,7 +121,7 @@ class ChancyDriver(Driver):
     durability = (
         "jobs in a logged table, synchronous_commit=on (server default); finished jobs "
         "kept (pruned after a day); completions written by the worker in batches every "
-        "1 s (a crash re-runs the jobs of the last second)"
+        "1 s: a crash re-runs the jobs finished in its last second (at-least-once)"
     )
     startup_s = 1.5
 

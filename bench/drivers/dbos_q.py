@@ -89,8 +89,8 @@ class DBOSDriver(Driver):
     family = "postgres"
     batch_ok = False  # no batch enqueue of workflows
     durability = (
-        "synchronous_commit=on (server default), logged tables; a workflow's status row, "
-        "input and output kept after it finishes"
+        "synchronous_commit=on (server default), logged tables; an enqueue is one commit "
+        "(status row + input); status, input and output kept after it finishes"
     )
     startup_s = 1.5
 
