@@ -95,6 +95,8 @@ REGISTRY: dict[str, str] = {
     "litequeue": "bench.drivers.litequeue_q:LiteQueueDriver",
     "pgqueuer": "bench.drivers.pgqueuer_q:PgQueuerDriver",
     "procrastinate": "bench.drivers.procrastinate_q:ProcrastinateDriver",
+    "dbos": "bench.drivers.dbos_q:DBOSDriver",
+    "chancy": "bench.drivers.chancy_q:ChancyDriver",
     "celery-redis": "bench.drivers.celery_q:CeleryDriver",
     "rq-redis": "bench.drivers.rq_q:RQDriver",
     "rabbitmq": "bench.drivers.rabbitmq:RabbitDriver",
