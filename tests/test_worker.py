@@ -551,3 +551,34 @@ def test_on_complete_writes_are_dropped_with_a_lost_lease(
     write_outcomes(worker, [Outcome(ctx, "complete") for ctx in contexts])
     assert worker.stats.done == 2 and worker.stats.lease_lost == 1
     assert effects(sdb) == Counter({j.id: 1 for j in jobs if j.handle != stolen.handle})
+
+
+def test_the_worker_runs_gc_on_its_own_schedule(sdb: homing.Database) -> None:
+    """A deployment that only runs workers stays bounded: the worker's housekeeper deletes
+    finished jobs past their retention (here: everything finished, retention 0)."""
+    app = App(sdb)
+
+    @app.job("tidy")
+    def tidy(job: homing.Job, ctx: JobContext) -> None:
+        pass
+
+    handles = sdb.insert_many([("tidy", i) for i in range(5)])
+    original = sdb._ops.retention
+    sdb._ops.retention = 0.0
+    try:
+        worker = app.worker(db=sdb, gc_every=0.2, min_poll=0.005, max_poll=0.02).start()
+        deadline = time.monotonic() + 20
+        gone = False
+        while time.monotonic() < deadline and not gone:
+            time.sleep(0.05)
+            try:
+                for h in handles:
+                    sdb.details(h)
+            except homing.JobNotFound:
+                gone = True
+        worker.stop(grace=2)
+    finally:
+        sdb._ops.retention = original
+    assert gone, "finished jobs were never collected by the worker's gc"
+    with pytest.raises(homing.InvalidArgument, match="gc_every"):
+        app.worker(db=sdb, gc_every=-1)

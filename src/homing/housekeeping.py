@@ -5,7 +5,8 @@ Each step deletes what is past its retention and returns how many rows it delete
 ==================  ==========================================  =========================
 step                what it deletes                              default retention
 ==================  ==========================================  =========================
-jobs                finished jobs (done / failed)               7 days after finishing
+jobs                finished jobs (done / failed)               the store's retention (7
+                                                                 days unless connect() says)
 sessions.requests   requests whose reply was taken, no longer   30 days after the take
                     remembered by their session
 sessions.expired    sessions idle longer than the session TTL,  30 days without a client
@@ -29,7 +30,6 @@ from dataclasses import dataclass, field
 
 from homing.database import Database
 from homing.errors import InvalidArgument
-from homing.jobs import DEFAULT_RETENTION_S as JOBS_RETENTION_S
 from homing.jobs import check_seconds
 from homing.store import engine_queries, http_queries, sessions_queries
 
@@ -45,14 +45,16 @@ _EXPIRE_BATCH = 1000
 class Retention:
     """Seconds each kind of row is kept (see the module docstring for what each means)."""
 
-    jobs: float = JOBS_RETENTION_S
+    jobs: float | None = None  # None: the store's own (homing.connect(retention=...))
     sessions: float = SESSIONS_RETENTION_S
     session_ttl: float = SESSION_TTL_S
     engine_published: float = ENGINE_PUBLISHED_RETENTION_S
     http: float = HTTP_RETENTION_S
 
     def __post_init__(self) -> None:
-        for name in ("jobs", "sessions", "engine_published", "http"):
+        if self.jobs is not None:
+            check_seconds("jobs", self.jobs, allow_zero=True)
+        for name in ("sessions", "engine_published", "http"):
             check_seconds(name, getattr(self, name), allow_zero=True)
         check_seconds("session_ttl", self.session_ttl, allow_zero=False)
 

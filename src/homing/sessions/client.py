@@ -263,6 +263,7 @@ class Session:
             request_id = check_name("request id", request_id)
         timeout = check_seconds("timeout", timeout, allow_zero=True)
         deadline = time.monotonic() + timeout
+        wakeup = self._store.wakeup(q.REPLY_CHANNEL, min_poll=0.01, max_poll=0.05)
         while True:
             # a read first: idle polling takes no write lock (SQLite) and no row lock (PG)
             if self.peek_reply(request_id=request_id) is not None:
@@ -272,8 +273,7 @@ class Session:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
-            poll = 0.01 if self._store.dialect == "sqlite" else 0.05
-            self._store.wait_for_notification(q.REPLY_CHANNEL, min(remaining, poll))
+            wakeup.wait(min(remaining, 0.05))
 
     def _take_once(self, handler: ReplyHandler | None, request_id: str | None) -> Reply | None:
         with self.sessions.db.transaction() as txn:

@@ -192,7 +192,9 @@ class Server:
         """Transaction 2b: run the handler and move the request to the reply queue, both in
         one transaction that commits only while this server still holds the lease."""
         for attempt in range(_DEFERRED_TRIES + 1):
-            deferred = self.db.dialect == "sqlite" and attempt < _DEFERRED_TRIES
+            # one writer at a time (SQLite): write lock only from the handler's first write
+            deferred = not self.db.store.capabilities.concurrent_writers
+            deferred = deferred and attempt < _DEFERRED_TRIES
             try:
                 self._answer(request, token, deferred=deferred)
                 return
@@ -273,17 +275,15 @@ class Server:
         """Serve until ``stop`` is set (or, with ``until_idle``, until no request is due);
         returns how many requests were handled."""
         handled = 0
-        poll = 0.01 if self.db.store.dialect == "sqlite" else idle_wait
+        wakeup = self.db.store.wakeup(q.REQUEST_CHANNEL, min_poll=0.01, max_poll=idle_wait)
         while stop is None or not stop.is_set():
             if self.process_one():
                 handled += 1
+                wakeup.reset()
                 continue
             if until_idle:
                 break
-            if stop is not None and self.db.store.dialect == "sqlite":
-                stop.wait(poll)
-            else:
-                self.db.store.wait_for_notification(q.REQUEST_CHANNEL, poll)
+            wakeup.wait(idle_wait)
         return handled
 
     def run_for(self, seconds: float) -> int:

@@ -75,6 +75,13 @@ def load_app(target: str) -> App:
     default=None,
     help="Jobs grabbed beyond the free handler slots (default max(4, concurrency)); 0 for long jobs.",
 )
+@click.option(
+    "--gc-every",
+    type=click.FloatRange(min=0),
+    default=3600.0,
+    show_default=True,
+    help="Seconds between `homing gc` passes run by this worker (0: leave it to cron).",
+)
 @click.option("--until-idle", is_flag=True, help="Exit once no job is available and none runs.")
 @click.option("--name", default="worker", show_default=True, help="Worker name in leases and logs.")
 @click.option(
@@ -95,6 +102,7 @@ def worker(
     lock_for: float | None,
     grace: float,
     prefetch: int | None,
+    gc_every: float,
     until_idle: bool,
     name: str,
     log_format: str,
@@ -121,6 +129,7 @@ def worker(
         lock_for=lock_for,
         grace=grace,
         prefetch=prefetch,
+        gc_every=gc_every,
         until_idle=until_idle,
         name=name,
     )

@@ -38,7 +38,7 @@ from typing import Any
 from homing.database import Database, ShardedDatabase, Transaction, connect
 from homing.errors import ConfigurationError, InvalidArgument, InvalidState, JobNotFound, StaleLease
 from homing.jobs import Job, check_seconds
-from homing.worker import completer, fetcher, heartbeat, runner
+from homing.worker import completer, fetcher, heartbeat, housekeeper, runner
 from homing.worker.context import JobContext
 from homing.worker.handler import Handlers
 from homing.worker.outcome import Outcome
@@ -79,7 +79,9 @@ class Worker:
     ``until_idle`` (stop once nothing is available and nothing runs), ``prefetch`` (jobs
     grabbed beyond the free handler slots, default ``max(4, concurrency)``: fewer, larger
     grabs; they wait leased in memory, covered by the heartbeat; use 0 for long jobs, so
-    that an idle worker elsewhere takes them instead), ``name``.
+    that an idle worker elsewhere takes them instead), ``gc_every`` (seconds between
+    ``homing gc`` passes run by this worker, default an hour, 0 to leave it to a cron
+    job), ``name``.
     """
 
     def __init__(
@@ -97,6 +99,7 @@ class Worker:
         idle_wait: float = 0.5,
         until_idle: bool = False,
         prefetch: int | None = None,
+        gc_every: float = 3600.0,
         name: str = "worker",
     ) -> None:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
@@ -123,6 +126,7 @@ class Worker:
         self.max_poll = max(self.min_poll, check_seconds("max_poll", max_poll, allow_zero=False))
         self.idle_wait = check_seconds("idle_wait", idle_wait, allow_zero=False)
         self.until_idle = until_idle
+        self.gc_every = check_seconds("gc_every", gc_every, allow_zero=True)
         if prefetch is None:
             prefetch = max(4, concurrency)
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
@@ -185,6 +189,8 @@ class Worker:
         if self.heartbeat > 0:
             self._spawn("heartbeat", lambda: heartbeat.keep_leases(self))
         self._spawn("fetcher", lambda: fetcher.fetch_jobs(self))
+        if self.gc_every > 0 and not self.until_idle:
+            self._spawn("housekeeper", lambda: housekeeper.keep_tidy(self))
         log.info(
             "worker %s started: types=%s concurrency=%d lock_for=%gs on %s",
             self.worker_id,
