@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import json
 import logging
 import os
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 from urllib.parse import urlsplit
 
 import httpx
@@ -29,6 +30,7 @@ from homing.database import Database
 from homing.errors import InvalidArgument
 from homing.http import wire
 from homing.http._group import GroupCommit, write_lock
+from homing.http._netguard import RefusedAddress, guarded_transport
 from homing.http.policy import DEFAULT_FATAL_STATUSES, RetryPolicy, is_fatal
 from homing.store import http_queries as q
 from homing.store.protocol import Tx
@@ -92,6 +94,17 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _target(url: str) -> str:
+    """The request target that a signature binds: path and query."""
+    parts = urlsplit(url)
+    return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+
+
+class _Clients(NamedTuple):
+    trusted: httpx.AsyncClient  # destinations the application chose itself
+    guarded: httpx.AsyncClient  # URLs a peer gave us: addresses checked and pinned
+
+
 def _retry_after(value: str | None) -> float | None:
     if value is None:
         return None
@@ -108,7 +121,11 @@ class Dispatcher:
     ``max_in_flight`` bounds them overall. ``fatal_statuses`` end a message with an error
     (501 and the 4xx no retry can fix by default). ``allowed_hosts`` lists hosts that a
     confirmation URL may point at although they are private (tests run on 127.0.0.1).
-    ``signing`` maps an origin (or ``"*"``) to ``(key id, secret)`` for HMAC signatures.
+    ``signing`` maps an origin (or ``"*"``) to ``(key id, secret)`` for HMAC signatures
+    (``Homing-Signature``; the confirmation ``DELETE`` is signed too).
+    URLs a peer gave us (job results' response URLs, confirmation URLs on another origin)
+    are called through a client that checks and pins the address at connect time;
+    ``resolver`` (host, port) -> addresses replaces the system's for that check.
     """
 
     def __init__(
@@ -123,6 +140,7 @@ class Dispatcher:
         allowed_hosts: Iterable[str] = (),
         signing: Mapping[str, tuple[str, bytes]] | None = None,
         idle_poll: float = 0.25,
+        resolver: wire.Resolver | None = None,
     ) -> None:
         if per_destination < 1 or max_in_flight < 1:
             raise InvalidArgument("per_destination and max_in_flight must be at least 1")
@@ -137,6 +155,7 @@ class Dispatcher:
         self.allowed_hosts = tuple(allowed_hosts)
         self.signing = dict(signing or {})
         self.idle_poll = idle_poll
+        self.resolver = resolver
         self.claim_lease = request_timeout + 10.0
         self.stats = {"attempts": 0, "delivered": 0, "retries": 0, "failed": 0, "deletes": 0}
         self._thread: threading.Thread | None = None
@@ -209,7 +228,15 @@ class Dispatcher:
             await self._db(self._release_dead_claims)
         except Exception as exc:
             log.warning("could not release the claims of dead dispatchers: %s", exc)
-        async with httpx.AsyncClient(limits=limits, timeout=self.request_timeout) as client:
+        guarded = httpx.AsyncClient(
+            transport=guarded_transport(limits, self.allowed_hosts, self.resolver),
+            timeout=self.request_timeout,
+        )
+        async with (
+            httpx.AsyncClient(limits=limits, timeout=self.request_timeout) as trusted,
+            guarded,
+        ):
+            client = _Clients(trusted, guarded)
             delay = 0.005
             while not self._stopping:
                 free = self.max_in_flight - len(in_flight)
@@ -263,14 +290,14 @@ class Dispatcher:
             )
 
     async def _one(
-        self, client: httpx.AsyncClient, sem: asyncio.Semaphore, row: q.OutboxRow, token: str
+        self, client: _Clients, sem: asyncio.Semaphore, row: q.OutboxRow, token: str
     ) -> None:
         async with sem:
             try:
                 if row.state == "pending":
                     await self._deliver(client, row, token)
                 elif row.confirm_url:
-                    await self._confirm(client, row.id, row.confirm_url, token)
+                    await self._confirm(client, row, row.confirm_url, token)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # never let one row kill the loop
@@ -280,25 +307,26 @@ class Dispatcher:
     # -- one delivery ------------------------------------------------------------------
     def _headers(self, row: q.OutboxRow) -> dict[str, str]:
         mode = {"put": "put", "send": "send", "job": "job", "reply": "send"}[row.kind]
-        headers = {
-            "content-type": row.content_type,
-            wire.MESSAGE_ID: row.id,
-            wire.MODE: mode,
-        }
+        headers: dict[str, str] = json.loads(row.headers) if row.headers else {}
+        headers["content-type"] = row.content_type
+        headers[wire.MESSAGE_ID] = row.id
+        headers[wire.MODE] = mode
         if row.response_url:
             headers[wire.RESPONSE_URL] = row.response_url
         if row.in_reply_to:
             headers[wire.IN_REPLY_TO] = row.in_reply_to
             headers[wire.REPLY_STATUS] = str(row.reply_status or 200)
-        key = self.signing.get(_origin(row.url)) or self.signing.get("*")
-        if key is not None:
-            path = urlsplit(row.url).path or "/"
-            headers[wire.SIGNATURE] = wire.sign(
-                key[0], key[1], row.method, path, row.id, row.body, self.db.clock.now()
-            )
+        self._sign(headers, row.method, row.url, row.body)
         return headers
 
-    async def _deliver(self, client: httpx.AsyncClient, row: q.OutboxRow, token: str) -> None:
+    def _sign(self, headers: dict[str, str], method: str, url: str, body: bytes) -> None:
+        key = self.signing.get(_origin(url)) or self.signing.get("*")
+        if key is not None:
+            headers[wire.SIGNATURE] = wire.sign(
+                key[0], key[1], method, _target(url), headers, body, self.db.clock.now()
+            )
+
+    async def _deliver(self, clients: _Clients, row: q.OutboxRow, token: str) -> None:
         if self.db.clock.now() > row.deadline:
             await self._db(
                 self._fail_row,
@@ -310,12 +338,18 @@ class Dispatcher:
             return
         failpoint("http.sender.before_request")
         self.stats["attempts"] += 1
+        # a job's result goes to a URL the peer gave us: connect only to a checked address
+        client = clients.guarded if row.kind == "reply" else clients.trusted
         try:
             resp = await client.request(
                 row.method, row.url, content=row.body, headers=self._headers(row)
             )
         except httpx.HTTPError as exc:  # connection refused/reset, timeout, protocol error
-            await self._db(self._retry_row, row, token, f"{type(exc).__name__}: {exc}", None)
+            error = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc.__cause__, RefusedAddress):  # no retry makes it safe
+                await self._db(self._fail_row, row, token, error, None)
+            else:
+                await self._db(self._retry_row, row, token, error, None)
             return
         status = resp.status_code
         if 200 <= status < 300:
@@ -340,7 +374,7 @@ class Dispatcher:
                 self.stats["delivered"] += 1
                 notify_changed(row.id)
                 if confirm:
-                    await self._confirm(client, row.id, confirm, token)
+                    await self._confirm(clients, row, confirm, token)
             return
         if is_fatal(status, self.fatal_statuses):
             await self._db(
@@ -359,9 +393,13 @@ class Dispatcher:
             _retry_after(resp.headers.get("retry-after")),
         )
 
-    async def _confirm(self, client: httpx.AsyncClient, msg_id: str, url: str, token: str) -> None:
+    async def _confirm(self, clients: _Clients, row: q.OutboxRow, url: str, token: str) -> None:
+        msg_id = row.id
+        client = clients.trusted if _origin(url) == _origin(row.url) else clients.guarded
+        headers = {wire.MESSAGE_ID: msg_id}
+        self._sign(headers, "DELETE", url, b"")
         try:
-            resp = await client.delete(url)
+            resp = await client.delete(url, headers=headers)
             ok = resp.status_code < 500 and resp.status_code not in (408, 429)
             error = f"DELETE {url} answered {resp.status_code}"
         except httpx.HTTPError as exc:

@@ -32,6 +32,7 @@ OUT_COLUMNS = (
     "resp_content_type",
     "resp_body",
     "confirm_url",
+    "headers",
 )
 _OUT = ", ".join(OUT_COLUMNS)
 
@@ -53,6 +54,8 @@ IN_COLUMNS = (
     "resp_content_type",
     "resp_body",
     "confirmed",
+    "history",
+    "dead_at",
 )
 _IN = ", ".join(IN_COLUMNS)
 
@@ -88,6 +91,7 @@ class OutboxRow:
     resp_content_type: str | None
     resp_body: bytes | None
     confirm_url: str | None
+    headers: str | None  # the sender's own request headers, JSON
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,8 @@ class InboxRow:
     resp_content_type: str | None
     resp_body: bytes | None
     confirmed: int
+    history: str | None  # JSON list of {"at", "error"} of the failed attempts
+    dead_at: float | None  # set: a dead letter (body kept until redriven or purged)
 
 
 def _out(values: Sequence[Any]) -> OutboxRow:
@@ -139,6 +145,7 @@ class NewOutgoing:
     reply_status: int | None
     deadline: float
     created_at: float
+    headers: str | None = None
 
 
 def insert_outgoing(tx: Tx, msgs: Sequence[NewOutgoing]) -> None:
@@ -146,7 +153,7 @@ def insert_outgoing(tx: Tx, msgs: Sequence[NewOutgoing]) -> None:
     tx.executemany(
         "INSERT INTO homing_http_outbox (id, kind, method, url, content_type, body, "
         "response_url, in_reply_to, reply_status, state, attempts, next_attempt_at, deadline, "
-        "created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', 0, ?, ?, ?) "
+        "created_at, headers) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', 0, ?, ?, ?, ?) "
         "ON CONFLICT (id) DO NOTHING",
         [
             (
@@ -162,6 +169,7 @@ def insert_outgoing(tx: Tx, msgs: Sequence[NewOutgoing]) -> None:
                 m.created_at,
                 m.deadline,
                 m.created_at,
+                m.headers,
             )
             for m in msgs
         ],
@@ -401,22 +409,105 @@ def finish_incoming(
     content_type: str | None,
     body: bytes | None,
     error: str | None,
+    history: str | None = None,
+    dead: bool = False,
 ) -> None:
-    """Tombstone the inbox entry: drop the request body, keep the id, hash and response."""
+    """Tombstone the inbox entry: drop the request body, keep the id, hash and response.
+    ``dead``: a dead letter instead, which keeps the request body for a redrive."""
     tx.execute(
         "UPDATE homing_http_inbox SET state = ?, finished_at = ?, status = ?, "
-        "resp_content_type = ?, resp_body = ?, error = ?, body = NULL, next_attempt_at = NULL, "
-        "attempts = attempts + 1 WHERE id = ?",
-        (state, now, status, content_type, body, error, msg_id),
+        "resp_content_type = ?, resp_body = ?, error = ?, next_attempt_at = NULL, "
+        "body = CASE WHEN ? THEN body ELSE NULL END, dead_at = ?, "
+        "history = COALESCE(?, history), attempts = attempts + 1 WHERE id = ?",
+        (
+            state,
+            now,
+            status,
+            content_type,
+            body,
+            error,
+            dead,
+            now if dead else None,
+            history,
+            msg_id,
+        ),
     )
 
 
-def retry_incoming(tx: Tx, msg_id: str, *, at: float | None, error: str) -> None:
+def retry_incoming(
+    tx: Tx, msg_id: str, *, at: float | None, error: str, history: str | None = None
+) -> None:
     tx.execute(
-        "UPDATE homing_http_inbox SET attempts = attempts + 1, next_attempt_at = ?, error = ? "
-        "WHERE id = ? AND state = 'received'",
-        (at, error, msg_id),
+        "UPDATE homing_http_inbox SET attempts = attempts + 1, next_attempt_at = ?, error = ?, "
+        "history = COALESCE(?, history) WHERE id = ? AND state = 'received'",
+        (at, error, history, msg_id),
     )
+
+
+# -- dead letters (inbox) and failed deliveries (outbox) ----------------------------------
+def _ids_clause(msg_ids: Sequence[str] | None) -> tuple[str, list[Any]]:
+    if msg_ids is None:
+        return "", []
+    return f" AND id IN ({', '.join('?' for _ in msg_ids)})", list(msg_ids)
+
+
+def dead_letters(tx: Tx, *, limit: int, path: str | None = None) -> list[InboxRow]:
+    sql = f"SELECT {_IN} FROM homing_http_inbox WHERE dead_at IS NOT NULL"
+    params: list[Any] = []
+    if path is not None:
+        sql += " AND path = ?"
+        params.append(path)
+    rows = tx.query(sql + " ORDER BY dead_at, id LIMIT ?", [*params, limit])
+    return [_in(r) for r in rows]
+
+
+def redrive_incoming(tx: Tx, msg_ids: Sequence[str] | None, *, now: float) -> int:
+    """Dead letters back to ``received``, due now, attempts from zero (history kept)."""
+    where, params = _ids_clause(msg_ids)
+    return tx.rowcount(
+        "UPDATE homing_http_inbox SET state = 'received', dead_at = NULL, attempts = 0, "
+        "next_attempt_at = ?, finished_at = NULL, status = NULL, resp_content_type = NULL, "
+        "resp_body = NULL, confirmed = 0 WHERE dead_at IS NOT NULL AND body IS NOT NULL"
+        + where,
+        [now, *params],
+    )
+
+
+def purge_dead(tx: Tx, msg_ids: Sequence[str] | None) -> int:
+    """Drop dead letters' bodies for good; their ids stay known until gc (no redelivery)."""
+    where, params = _ids_clause(msg_ids)
+    return tx.rowcount(
+        "UPDATE homing_http_inbox SET dead_at = NULL, body = NULL "
+        "WHERE dead_at IS NOT NULL" + where,
+        params,
+    )
+
+
+def failed_outgoing(tx: Tx, *, limit: int) -> list[OutboxRow]:
+    rows = tx.query(
+        f"SELECT {_OUT} FROM homing_http_outbox WHERE state = 'failed' "
+        "ORDER BY finished_at, seq LIMIT ?",
+        (limit,),
+    )
+    return [_out(r) for r in rows]
+
+
+def redrive_outgoing(
+    tx: Tx, msg_ids: Sequence[str] | None, *, now: float, deadline: float
+) -> int:
+    """Failed outbox rows back to ``pending`` under the same id (so the receiver's inbox
+    still drops a repeat), due now, with a new deadline."""
+    where, params = _ids_clause(msg_ids)
+    n = tx.rowcount(
+        "UPDATE homing_http_outbox SET state = 'pending', attempts = 0, next_attempt_at = ?, "
+        "deadline = ?, finished_at = NULL, status = NULL, resp_content_type = NULL, "
+        "resp_body = NULL, claim_token = NULL, claimed_until = NULL "
+        "WHERE state = 'failed'" + where,
+        [now, deadline, *params],
+    )
+    if n and tx.dialect == "postgres":
+        tx.execute("SELECT pg_notify(?, '')", (notify_channel(tx),))
+    return n
 
 
 def confirm_incoming(tx: Tx, *, msg_id: str) -> bool:
@@ -439,7 +530,7 @@ def gc(tx: Tx, *, before: float) -> tuple[int, int]:
         (before,),
     )
     inn = tx.rowcount(
-        "DELETE FROM homing_http_inbox WHERE received_at < ? "
+        "DELETE FROM homing_http_inbox WHERE received_at < ? AND dead_at IS NULL "
         "AND (state <> 'received' OR mode = 'put')",
         (before,),
     )
