@@ -100,7 +100,9 @@ class Inbox:
         with write_lock(self.db.store), self.db.transaction() as t:
             if store is not None:
                 existing = store(t.tx)
-                if existing is not None and (existing.body_hash != digest or existing.mode != "put"):
+                if existing is not None and (
+                    existing.body_hash != digest or existing.mode != "put"
+                ):
                     raise Refused(
                         422,
                         f"message {msg_id} was already received with a different body, "

@@ -18,7 +18,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 from urllib.parse import urlsplit
 
@@ -28,7 +28,7 @@ from homing import ids
 from homing._failpoints import failpoint
 from homing.database import Database
 from homing.errors import InvalidArgument
-from homing.http import wire
+from homing.http import standard, wire
 from homing.http._group import GroupCommit, write_lock
 from homing.http._netguard import RefusedAddress, guarded_transport
 from homing.http.policy import DEFAULT_FATAL_STATUSES, RetryPolicy, is_fatal
@@ -94,6 +94,14 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _for_endpoint(by_endpoint: Mapping[str, T], url: str) -> T | None:
+    """The setting for ``url``: by the URL itself, else its origin, else ``"*"``."""
+    for key in (url, _origin(url), "*"):
+        if key in by_endpoint:
+            return by_endpoint[key]
+    return None
+
+
 def _target(url: str) -> str:
     """The request target that a signature binds: path and query."""
     parts = urlsplit(url)
@@ -121,8 +129,10 @@ class Dispatcher:
     ``max_in_flight`` bounds them overall. ``fatal_statuses`` end a message with an error
     (501 and the 4xx no retry can fix by default). ``allowed_hosts`` lists hosts that a
     confirmation URL may point at although they are private (tests run on 127.0.0.1).
-    ``signing`` maps an origin (or ``"*"``) to ``(key id, secret)`` for HMAC signatures
-    (``Homing-Signature``; the confirmation ``DELETE`` is signed too).
+    ``signing`` maps an endpoint (a full URL, an origin, or ``"*"``; the most specific
+    wins) to ``(key id, secret)`` for HMAC signatures (``Homing-Signature``; the
+    confirmation ``DELETE`` is signed too). ``webhook_signing`` maps endpoints the same way
+    to Standard Webhooks secrets (``whsec_...``; several while rotating keys).
     URLs a peer gave us (job results' response URLs, confirmation URLs on another origin)
     are called through a client that checks and pins the address at connect time;
     ``resolver`` (host, port) -> addresses replaces the system's for that check.
@@ -141,6 +151,7 @@ class Dispatcher:
         signing: Mapping[str, tuple[str, bytes]] | None = None,
         idle_poll: float = 0.25,
         resolver: wire.Resolver | None = None,
+        webhook_signing: Mapping[str, Sequence[str | bytes]] | None = None,
     ) -> None:
         if per_destination < 1 or max_in_flight < 1:
             raise InvalidArgument("per_destination and max_in_flight must be at least 1")
@@ -156,6 +167,10 @@ class Dispatcher:
         self.signing = dict(signing or {})
         self.idle_poll = idle_poll
         self.resolver = resolver
+        self.webhook_signing = {k: list(v) for k, v in (webhook_signing or {}).items()}
+        for secrets in self.webhook_signing.values():
+            for secret in secrets:
+                standard.secret_key(secret)  # a malformed secret fails here, not per request
         self.claim_lease = request_timeout + 10.0
         self.stats = {"attempts": 0, "delivered": 0, "retries": 0, "failed": 0, "deletes": 0}
         self._thread: threading.Thread | None = None
@@ -317,10 +332,13 @@ class Dispatcher:
             headers[wire.IN_REPLY_TO] = row.in_reply_to
             headers[wire.REPLY_STATUS] = str(row.reply_status or 200)
         self._sign(headers, row.method, row.url, row.body)
+        webhook = _for_endpoint(self.webhook_signing, row.url)
+        if webhook:
+            headers.update(standard.sign_headers(webhook, row.id, row.body, self.db.clock.now()))
         return headers
 
     def _sign(self, headers: dict[str, str], method: str, url: str, body: bytes) -> None:
-        key = self.signing.get(_origin(url)) or self.signing.get("*")
+        key = _for_endpoint(self.signing, url)
         if key is not None:
             headers[wire.SIGNATURE] = wire.sign(
                 key[0], key[1], method, _target(url), headers, body, self.db.clock.now()

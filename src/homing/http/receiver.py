@@ -388,8 +388,7 @@ class Receiver:
         headers = _ingress.header_map(request)
         msg_id = headers.get(wire.MESSAGE_ID)
         webhook = standard.WEBHOOK_ID in headers and (
-            msg_id is None
-            or (bool(self.webhook_secrets) and wire.SIGNATURE not in headers)
+            msg_id is None or (bool(self.webhook_secrets) and wire.SIGNATURE not in headers)
         )
         if webhook:  # homing's own headers are not signed by a Standard Webhooks signature
             return self._identify_webhook(headers, body)
@@ -436,7 +435,11 @@ class Receiver:
             raise _Refused(400, f"webhook-id must be 1 to {standard.MAX_ID} characters")
         if self.webhook_secrets:
             problem = standard.verify(
-                headers, self.webhook_secrets, body, now=time.time(), tolerance=self.webhook_tolerance
+                headers,
+                self.webhook_secrets,
+                body,
+                now=time.time(),
+                tolerance=self.webhook_tolerance,
             )
             if problem is not None:
                 raise _Refused(401, problem)

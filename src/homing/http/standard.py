@@ -33,6 +33,7 @@ def secret_key(secret: str | bytes) -> bytes:
             raise InvalidArgument("a Standard Webhooks secret must not be empty")
         return secret
     text = secret[len(PREFIX) :] if secret.startswith(PREFIX) else secret
+    text += "=" * (-len(text) % 4)  # unpadded base64 is common in whsec_ secrets
     try:
         key = base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError) as exc:

@@ -91,9 +91,7 @@ def strict_json(data: bytes) -> Any:
 
 
 # -- signing -----------------------------------------------------------------------------
-def canonical(
-    ts: str, method: str, target: str, headers: Mapping[str, str], body: bytes
-) -> bytes:
+def canonical(ts: str, method: str, target: str, headers: Mapping[str, str], body: bytes) -> bytes:
     """What a ``Homing-Signature`` binds: the time, method, path (with query), content
     type, every ``Homing-*`` header but the signature itself (by name, sorted) and a digest
     of the body. Anything a receiver routes on is signed, so a captured signature cannot be
