@@ -35,7 +35,7 @@ from homing.database import Database
 from homing.errors import InvalidArgument
 from homing.http import _ingress, standard, wire
 from homing.http._group import GroupCommit, write_lock
-from homing.http._inbox import Answer, Handler, Inbox, Refused
+from homing.http._inbox import Answer, Handler, Inbox, Refused, stored_answer
 from homing.http.dispatcher import Dispatcher, notify_changed
 from homing.http.errors import UnsafeURL
 from homing.http.policy import DEFAULT_ABSURD_AFTER_S, RetryPolicy
@@ -459,8 +459,14 @@ class Receiver:
             busy = msg_id in self._running
             if not busy:
                 self._running.add(msg_id)
-        if busy:
-            return self._in_progress(msg_id)
+        if busy:  # a request with this id is being served: replay if it is already done
+            row = await run_in_threadpool(self._read, msg_id)
+            if row is None or row.state == "received":
+                return self._in_progress(msg_id)
+            if row.body_hash != digest or row.mode != "put":
+                raise _Refused(422, f"message {msg_id} was already received with a different body")
+            self.stats["duplicates"] += 1
+            return self._answer(request, msg_id, stored_answer(row, replayed=True))
         try:
             answer = await run_in_threadpool(self.inbox.handle, msg_id, False, store, digest)
         finally:
@@ -470,6 +476,10 @@ class Receiver:
             return self._in_progress(msg_id)
         failpoint("http.receiver.after_commit_before_response")
         return self._answer(request, msg_id, answer)
+
+    def _read(self, msg_id: str) -> q.InboxRow | None:
+        with self.db.store.transaction(write=False) as tx:
+            return q.incoming(tx, msg_id)
 
     def _in_progress(self, msg_id: str) -> Response:
         return _error(
