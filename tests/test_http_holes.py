@@ -108,7 +108,9 @@ def test_a_handler_failing_every_attempt_leaves_a_redrivable_dead_letter(ends: E
         # the shell lists it, with its body; the outage ends; a redrive handles it once
         runner = CliRunner()
         out = runner.invoke(cli, ["--db", ends.url, "http", "dead-letters", "--json"])
-        assert out.exit_code == 0 and json.loads(json.loads(out.output)[0]["body"]) == body, out.output
+        assert out.exit_code == 0 and json.loads(json.loads(out.output)[0]["body"]) == body, (
+            out.output
+        )
         ends.broken.clear()
         out = runner.invoke(cli, ["--db", ends.url, "http", "redrive", dead[0].id])
         assert out.exit_code == 0 and "redriven: 1" in out.output, out.output
@@ -131,7 +133,10 @@ def test_failed_deliveries_are_listed_and_redriven_under_their_own_id(ends: Ends
             sender.send(ends.base + "/later", {"late": 1})  # no node there yet: 404
         assert info.value.status == 404
         failed = admin.failed_deliveries(ends.sdb)
-        assert [f.id for f in failed] == [info.value.msg_id] and "404" in (failed[0].last_error or "")
+        assert [f.id for f in failed] == [info.value.msg_id] and "404" in (
+            failed[0].last_error or ""
+        )
+
         def later(body: Any, tx: homing.Transaction) -> None:
             tx.tx.execute("INSERT INTO effects (k) VALUES (?)", (json.dumps(body),))
 
@@ -149,7 +154,9 @@ def test_a_wrong_local_url_fails_the_caller_at_once(ends: Ends) -> None:
     with ends.sender() as sender:
         started = time.monotonic()
         with pytest.raises(InvalidArgument, match="not a reply node"):
-            sender.perform_job(ends.base + "/effect", ends.reply_base + "/orders", {"j": 0}, timeout=20)
+            sender.perform_job(
+                ends.base + "/effect", ends.reply_base + "/orders", {"j": 0}, timeout=20
+            )
         assert time.monotonic() - started < 5
         # the receiver's base URL is enough: the reply node's path is added
         assert sender.perform_job(ends.base + "/effect", ends.reply_base, {"j": 1}) == {
@@ -217,9 +224,11 @@ def test_signatures_bind_mode_response_url_content_type_and_the_delete(ends: End
             assert sender.put(base + "/n", {"s": 1}) == {"s": 1}
         with ends.rdb.store.transaction(write=False) as tx:
             assert eventually(
-                lambda: not tx.query(
-                    "SELECT 1 FROM homing_http_inbox WHERE mode = 'put' AND confirmed = 0 "
-                    "AND path = '/n'"
+                lambda: (
+                    not tx.query(
+                        "SELECT 1 FROM homing_http_inbox WHERE mode = 'put' AND confirmed = 0 "
+                        "AND path = '/n'"
+                    )
                 )
             )
 
@@ -248,9 +257,20 @@ def test_the_sender_sets_headers_and_method_stored_with_the_message(ends: Ends) 
         pending = sender.enqueue("send", base + "/api", {"a": 2}, headers=auth, method="put")
         assert pending.wait(timeout=30) is None
         with ends.sdb.store.transaction(write=False) as tx:
-            row = tx.query_one("SELECT method, headers FROM homing_http_outbox WHERE id = ?", (pending.id,))
-        assert row is not None and row[0] == "PUT" and json.loads(row[1]) == {"authorization": "Bearer t0ken"}
-        for bad in ({"Homing-Mode": "job"}, {"Content-Length": "1"}, {"bad name": "x"}, {"X": "a\r\nb"}):
+            row = tx.query_one(
+                "SELECT method, headers FROM homing_http_outbox WHERE id = ?", (pending.id,)
+            )
+        assert (
+            row is not None
+            and row[0] == "PUT"
+            and json.loads(row[1]) == {"authorization": "Bearer t0ken"}
+        )
+        for bad in (
+            {"Homing-Mode": "job"},
+            {"Content-Length": "1"},
+            {"bad name": "x"},
+            {"X": "a\r\nb"},
+        ):
             with pytest.raises(InvalidArgument):
                 sender.enqueue("send", base + "/api", {}, headers=bad)
         with pytest.raises(InvalidArgument, match="method"):
@@ -293,7 +313,9 @@ def test_a_response_url_that_rebinds_to_loopback_is_not_called(
     monkeypatch.setattr(socket, "getaddrinfo", rebinding)
     strict = Receiver(ends.rdb, handler_retry=FAST)  # no allowed hosts: only public addresses
     strict.add_node("/job", lambda body, tx: {"result": body})
-    with serve_in_thread(Starlette(routes=[Route("/{p:path}", sink, methods=["POST"])])) as sinkbase:
+    with serve_in_thread(
+        Starlette(routes=[Route("/{p:path}", sink, methods=["POST"])])
+    ) as sinkbase:
         port = sinkbase.rsplit(":", 1)[1]
         with serve_in_thread(strict.app) as base:
             r = httpx.post(

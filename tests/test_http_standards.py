@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -212,7 +212,7 @@ def test_homing_sender_signs_standard_webhooks_the_reference_library_verifies(
 
 def test_homing_receiver_takes_what_the_reference_library_signs(api: Api) -> None:
     body = json.dumps({"webhook": "invoice.paid"})
-    now = datetime.now(tz=timezone.utc)
+    now = datetime.now(tz=UTC)
     msg_id = "msg_2KWPBgLlAfxdpx2AI54pPJ85f4W"
 
     def headers(secret: str, when: datetime = now, wid: str = msg_id) -> dict[str, str]:
@@ -230,8 +230,10 @@ def test_homing_receiver_takes_what_the_reference_library_signs(api: Api) -> Non
     wrong = "whsec_" + base64.b64encode(b"not the secret at all, sorry!!!").decode()
     r = httpx.post(api.hooks_base + "/charges", content=body, headers=headers(wrong, wid="msg_x"))
     assert r.status_code == 401 and r.headers["content-type"] == PROBLEM
-    stale = datetime.fromtimestamp(now.timestamp() - 3600, tz=timezone.utc)
-    r = httpx.post(api.hooks_base + "/charges", content=body, headers=headers(SECRET, stale, "msg_y"))
+    stale = datetime.fromtimestamp(now.timestamp() - 3600, tz=UTC)
+    r = httpx.post(
+        api.hooks_base + "/charges", content=body, headers=headers(SECRET, stale, "msg_y")
+    )
     assert r.status_code == 401 and "timestamp" in r.json()["detail"]
     r = httpx.post(
         api.hooks_base + "/charges",
@@ -239,7 +241,9 @@ def test_homing_receiver_takes_what_the_reference_library_signs(api: Api) -> Non
         headers=headers(SECRET, wid="msg_z"),
     )
     assert r.status_code == 401
-    unsigned = httpx.post(api.hooks_base + "/charges", content=body, headers={"idempotency-key": "k"})
+    unsigned = httpx.post(
+        api.hooks_base + "/charges", content=body, headers={"idempotency-key": "k"}
+    )
     assert unsigned.status_code == 401
     time.sleep(0.2)  # a second handling of the replays would show up now
     assert api.effects("invoice") == ['{"webhook": "invoice.paid"}']

@@ -10,15 +10,18 @@ Webhooks stream and becomes a UUIDv5 the same way.
 from __future__ import annotations
 
 import hashlib
+import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from http import HTTPStatus
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from homing import ids
 from homing.errors import InvalidArgument
+from homing.http import standard, wire
 from homing.http._inbox import Refused
 
 IDEMPOTENCY_KEY = "idempotency-key"
@@ -92,3 +95,114 @@ def check_scope(scope: Any) -> Scope:
     if callable(scope) or scope in ("address", "authorization"):
         return scope
     raise InvalidArgument("idempotency_scope must be 'address', 'authorization' or a callable")
+
+
+async def read_body(request: Request, max_body: int) -> bytes:
+    """The request body, refused (413/400) past ``max_body`` or if Content-Length lies."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise Refused(400, f"Content-Length {declared[:40]!r} is not a number")
+        if int(declared) > max_body:
+            raise Refused(
+                413,
+                f"the body is {declared} bytes, over this receiver's limit of "
+                f"{max_body}; send less or ask for a bigger max_body",
+            )
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_body:
+            raise Refused(413, f"the body is over this receiver's limit of {max_body} bytes")
+        chunks.append(chunk)
+    data = b"".join(chunks)
+    if declared is not None and int(declared) != len(data):
+        raise Refused(400, f"Content-Length says {declared} bytes but {len(data)} arrived; resend")
+    return data
+
+
+def identify(
+    request: Request,
+    body: bytes,
+    *,
+    target: str,
+    secrets: Mapping[str, bytes] | None,
+    window: float,
+    webhook_secrets: Sequence[bytes],
+    tolerance: float,
+    scope: Scope,
+) -> tuple[str, str]:
+    """(message id, mode) of a request, after checking who signed it.
+
+    With ``secrets`` or ``webhook_secrets`` every request must be signed: homing's
+    ``Homing-Signature`` or a Standard Webhooks signature (which covers no homing header,
+    so such a request is taken as a webhook: its id, Option 2)."""
+    headers = header_map(request)
+    msg_id = headers.get(wire.MESSAGE_ID)
+    webhook = standard.WEBHOOK_ID in headers and (
+        msg_id is None or (bool(webhook_secrets) and wire.SIGNATURE not in headers)
+    )
+    if webhook:  # homing's own headers are not signed by a Standard Webhooks signature
+        return _identify_webhook(headers, body, secrets, webhook_secrets, tolerance)
+    if msg_id is not None:
+        if not ids.is_uuid(msg_id):
+            raise Refused(400, f"Homing-Message-Id {msg_id[:60]!r} is not a canonical UUID")
+        mode = headers.get(wire.MODE, "put").lower()
+        if mode not in wire.MODES:
+            raise Refused(400, f"Homing-Mode {mode[:20]!r} must be put, send or job")
+    elif IDEMPOTENCY_KEY in headers:
+        key = parse_key(headers[IDEMPOTENCY_KEY])
+        if wire.MODE in headers or wire.RESPONSE_URL in headers:
+            raise Refused(400, "Homing-Mode and Homing-Response-Url need Homing-Message-Id")
+        scope = client_scope(request, scope)
+        msg_id, mode = derived_id("idempotency-key", scope, key), "put"
+    else:
+        raise Refused(
+            400,
+            "missing the Homing-Message-Id header (a UUID made by the sender); any HTTP "
+            'client may send an Idempotency-Key header instead (e.g. Idempotency-Key: "k-1")',
+        )
+    if secrets is not None:
+        problem = wire.verify(
+            headers.get(wire.SIGNATURE),
+            secrets,
+            request.method,
+            target,
+            headers,
+            body,
+            now=time.time(),
+            window=window,
+        )
+        if problem is not None:
+            raise Refused(401, problem)
+    elif webhook_secrets:
+        raise Refused(401, "the request is not signed; send Standard Webhooks headers")
+    return msg_id, mode
+
+
+def _identify_webhook(
+    headers: Mapping[str, str],
+    body: bytes,
+    secrets: Mapping[str, bytes] | None,
+    webhook_secrets: Sequence[bytes],
+    tolerance: float,
+) -> tuple[str, str]:
+    """A Standard Webhooks delivery: verified with ``webhook_secrets`` (required when the
+    receiver is signed at all); its ``webhook-id`` names the message (Option 2)."""
+    webhook_id = headers[standard.WEBHOOK_ID]
+    if not webhook_id or len(webhook_id) > standard.MAX_ID:
+        raise Refused(400, f"webhook-id must be 1 to {standard.MAX_ID} characters")
+    if webhook_secrets:
+        problem = standard.verify(
+            headers,
+            webhook_secrets,
+            body,
+            now=time.time(),
+            tolerance=tolerance,
+        )
+        if problem is not None:
+            raise Refused(401, problem)
+    elif secrets is not None:
+        raise Refused(401, "this receiver takes no Standard Webhooks (no webhook secret)")
+    return derived_id("webhook-id", "", webhook_id), "send"

@@ -36,6 +36,7 @@ from homing.errors import InvalidArgument
 from homing.http import _ingress, standard, wire
 from homing.http._group import GroupCommit, write_lock
 from homing.http._inbox import Answer, Handler, Inbox, Refused, stored_answer
+from homing.http._replies import store_reply
 from homing.http.dispatcher import Dispatcher, notify_changed
 from homing.http.errors import UnsafeURL
 from homing.http.policy import DEFAULT_ABSURD_AFTER_S, RetryPolicy
@@ -280,33 +281,6 @@ class Receiver:
             path = path[len(root) :]
         return path or "/"
 
-    async def _read_body(self, request: Request) -> bytes:
-        declared = request.headers.get("content-length")
-        if declared is not None:
-            if not declared.isdigit():
-                raise _Refused(400, f"Content-Length {declared[:40]!r} is not a number")
-            if int(declared) > self.max_body:
-                raise _Refused(
-                    413,
-                    f"the body is {declared} bytes, over this receiver's limit of "
-                    f"{self.max_body}; send less or ask for a bigger max_body",
-                )
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self.max_body:
-                raise _Refused(
-                    413, f"the body is over this receiver's limit of {self.max_body} bytes"
-                )
-            chunks.append(chunk)
-        data = b"".join(chunks)
-        if declared is not None and int(declared) != len(data):
-            raise _Refused(
-                400, f"Content-Length says {declared} bytes but {len(data)} arrived; resend"
-            )
-        return data
-
     async def _receive(self, request: Request) -> Response:
         if self._thread is None:
             await run_in_threadpool(self.start)
@@ -333,7 +307,7 @@ class Receiver:
         is_reply = path == self.reply_path
         if not is_reply and path not in self._nodes:
             raise _Refused(404, f"no reliable node at {path[:200]!r} on this receiver")
-        body = await self._read_body(request)
+        body = await _ingress.read_body(request, self.max_body)
         msg_id, mode = self._identify(request, body)
         ctype = request.headers.get("content-type", wire.BYTES_TYPE)
         if wire.is_json_type(ctype):
@@ -385,67 +359,16 @@ class Receiver:
 
     def _identify(self, request: Request, body: bytes) -> tuple[str, str]:
         """(message id, mode) of a request, after checking who signed it."""
-        headers = _ingress.header_map(request)
-        msg_id = headers.get(wire.MESSAGE_ID)
-        webhook = standard.WEBHOOK_ID in headers and (
-            msg_id is None or (bool(self.webhook_secrets) and wire.SIGNATURE not in headers)
+        return _ingress.identify(
+            request,
+            body,
+            target=self._target(request),
+            secrets=self.secrets,
+            window=self.signature_window,
+            webhook_secrets=self.webhook_secrets,
+            tolerance=self.webhook_tolerance,
+            scope=self.idempotency_scope,
         )
-        if webhook:  # homing's own headers are not signed by a Standard Webhooks signature
-            return self._identify_webhook(headers, body)
-        if msg_id is not None:
-            if not ids.is_uuid(msg_id):
-                raise _Refused(400, f"Homing-Message-Id {msg_id[:60]!r} is not a canonical UUID")
-            mode = headers.get(wire.MODE, "put").lower()
-            if mode not in wire.MODES:
-                raise _Refused(400, f"Homing-Mode {mode[:20]!r} must be put, send or job")
-        elif _ingress.IDEMPOTENCY_KEY in headers:
-            key = _ingress.parse_key(headers[_ingress.IDEMPOTENCY_KEY])
-            if wire.MODE in headers or wire.RESPONSE_URL in headers:
-                raise _Refused(400, "Homing-Mode and Homing-Response-Url need Homing-Message-Id")
-            scope = _ingress.client_scope(request, self.idempotency_scope)
-            msg_id, mode = _ingress.derived_id("idempotency-key", scope, key), "put"
-        else:
-            raise _Refused(
-                400,
-                "missing the Homing-Message-Id header (a UUID made by the sender); any HTTP "
-                'client may send an Idempotency-Key header instead (e.g. Idempotency-Key: "k-1")',
-            )
-        if self.secrets is not None:
-            problem = wire.verify(
-                headers.get(wire.SIGNATURE),
-                self.secrets,
-                request.method,
-                self._target(request),
-                headers,
-                body,
-                now=time.time(),
-                window=self.signature_window,
-            )
-            if problem is not None:
-                raise _Refused(401, problem)
-        elif self.webhook_secrets:
-            raise _Refused(401, "the request is not signed; send Standard Webhooks headers")
-        return msg_id, mode
-
-    def _identify_webhook(self, headers: Mapping[str, str], body: bytes) -> tuple[str, str]:
-        """A Standard Webhooks delivery: verified with ``webhook_secrets`` (required when the
-        receiver is signed at all); its ``webhook-id`` names the message (Option 2)."""
-        webhook_id = headers[standard.WEBHOOK_ID]
-        if not webhook_id or len(webhook_id) > standard.MAX_ID:
-            raise _Refused(400, f"webhook-id must be 1 to {standard.MAX_ID} characters")
-        if self.webhook_secrets:
-            problem = standard.verify(
-                headers,
-                self.webhook_secrets,
-                body,
-                now=time.time(),
-                tolerance=self.webhook_tolerance,
-            )
-            if problem is not None:
-                raise _Refused(401, problem)
-        elif self.secrets is not None:
-            raise _Refused(401, "this receiver takes no Standard Webhooks (no webhook secret)")
-        return _ingress.derived_id("webhook-id", "", webhook_id), "send"
 
     async def _receive_put(
         self,
@@ -541,7 +464,7 @@ class Receiver:
         if not status.isdigit() or not 100 <= int(status) <= 599:
             raise _Refused(400, f"Homing-Reply-Status {status[:10]!r} is not an HTTP status")
         outcome = await run_in_threadpool(
-            self._store_reply, msg_id, job_id, int(status), digest, ctype, body
+            store_reply, self.db, self.reply_path, msg_id, job_id, int(status), digest, ctype, body
         )
         if outcome == "conflict":
             raise _Refused(422, f"message {msg_id} was already received with a different body")
@@ -551,59 +474,6 @@ class Receiver:
             failpoint("http.receiver.after_inbox_insert")
             notify_changed(job_id)
         return Response(status_code=204, headers=self._headers())
-
-    def _store_reply(
-        self, msg_id: str, job_id: str, status: int, digest: str, ctype: str, body: bytes
-    ) -> str:
-        now = self.db.clock.now()
-        try:
-            return self._store_reply_tx(msg_id, job_id, status, digest, ctype, body, now)
-        except _UnknownJob:
-            return "unknown"  # rolled back: nothing was stored
-
-    def _store_reply_tx(
-        self,
-        msg_id: str,
-        job_id: str,
-        status: int,
-        digest: str,
-        ctype: str,
-        body: bytes,
-        now: float,
-    ) -> str:
-        with write_lock(self.db.store), self.db.store.transaction() as tx:
-            existing = q.insert_incoming(
-                tx,
-                msg_id=msg_id,
-                path=self.reply_path,
-                mode="reply",
-                body_hash=digest,
-                content_type=ctype,
-                body=b"",
-                response_url=None,
-                now=now,
-                work_at=None,
-            )
-            if existing is not None:
-                return "conflict" if existing.body_hash != digest else "duplicate"
-            if (
-                q.record_job_result(
-                    tx, job_id, now=now, status=status, content_type=ctype, body=body
-                )
-                is None
-            ):
-                raise _UnknownJob
-            q.finish_incoming(
-                tx,
-                msg_id,
-                state="done",
-                now=now,
-                status=204,
-                content_type=None,
-                body=None,
-                error=None,
-            )
-        return "new"
 
     # -- the background worker -------------------------------------------------------------
     def _work_loop(self) -> None:
@@ -642,10 +512,6 @@ class Receiver:
         finally:
             with self._running_lock:
                 self._running.difference_update(msg_ids)
-
-
-class _UnknownJob(Exception):
-    pass
 
 
 def gc(db: Database, *, older_than: float) -> tuple[int, int]:
