@@ -128,3 +128,16 @@ def redrive_failed(
     now = db.clock.now()
     with write_lock(db.store), db.store.transaction() as tx:
         return q.redrive_outgoing(tx, _ids(ids), now=now, deadline=now + absurd_after)
+
+
+def endpoints(db: Database, *, limit: int = 100) -> list[q.EndpointRow]:
+    """Endpoints failing now (since when, last error) or disabled by ``disable_after``."""
+    with db.store.transaction(write=False) as tx:
+        return q.endpoints(tx, limit=_limit(limit))
+
+
+def enable(db: Database, endpoint: str) -> bool:
+    """Enable a disabled endpoint (``scheme://host:port/path``) again; then redrive its
+    failed deliveries. A dispatcher sees it within a few seconds."""
+    with write_lock(db.store), db.store.transaction() as tx:
+        return q.enable_endpoint(tx, endpoint)

@@ -129,3 +129,38 @@ def redrive_failed(
     with _db(ctx) as db:
         n = admin.redrive_failed(db, _ids(ids, all_), absurd_after=absurd_after)
     click.echo(f"redriven: {n}")
+
+
+@http.command()
+@click.option("--limit", type=int, default=100, show_default=True)
+@json_option
+@click.pass_context
+def endpoints(ctx: click.Context, limit: int, as_json: bool) -> None:
+    """List failing endpoints and those disabled by the disable-after rule."""
+    with _db(ctx) as db:
+        rows = admin.endpoints(db, limit=limit)
+
+    def human(items: list[dict[str, Any]]) -> None:
+        if not items:
+            click.echo("no failing endpoints")
+        for d in items:
+            state = (
+                f"DISABLED {_when(d['disabled_at'])}: {d['reason']}"
+                if d["disabled_at"]
+                else "failing"
+            )
+            click.echo(f"{d['endpoint']} since {_when(d['failing_since'])} {state}")
+
+    emit([asdict(r) for r in rows], as_json, human)
+
+
+@http.command()
+@click.argument("endpoint")
+@click.pass_context
+def enable(ctx: click.Context, endpoint: str) -> None:
+    """Enable a disabled ENDPOINT again (then: homing http redrive-failed)."""
+    with _db(ctx) as db:
+        found = admin.enable(db, endpoint)
+    if not found:
+        raise click.UsageError(f"no failing or disabled endpoint {endpoint!r}")
+    click.echo(f"enabled: {endpoint}")

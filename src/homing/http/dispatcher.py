@@ -29,9 +29,11 @@ from homing._failpoints import failpoint
 from homing.database import Database
 from homing.errors import InvalidArgument
 from homing.http import standard, wire
+from homing.http._endpoints import Endpoints, endpoint_key
 from homing.http._group import GroupCommit, write_lock
 from homing.http._netguard import RefusedAddress, guarded_transport
-from homing.http.policy import DEFAULT_FATAL_STATUSES, RetryPolicy, is_fatal
+from homing.http._waiters import notify_changed
+from homing.http.policy import DEFAULT_FATAL_STATUSES, EndpointLimit, RetryPolicy, is_fatal
 from homing.store import http_queries as q
 from homing.store.protocol import Tx
 
@@ -39,44 +41,6 @@ log = logging.getLogger("homing.http")
 T = TypeVar("T")
 
 DEADLINE_PREFIX = "the absurd deadline passed"
-
-
-class _Waiters:
-    """Callbacks of callers waiting for one message's outcome in this process."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._by_id: dict[str, list[Callable[[], None]]] = {}
-
-    def add(self, msg_id: str, fn: Callable[[], None]) -> None:
-        with self._lock:
-            self._by_id.setdefault(msg_id, []).append(fn)
-
-    def remove(self, msg_id: str, fn: Callable[[], None]) -> None:
-        with self._lock:
-            fns = self._by_id.get(msg_id, [])
-            if fn in fns:
-                fns.remove(fn)
-            if not fns:
-                self._by_id.pop(msg_id, None)
-
-    def fire(self, msg_id: str) -> None:
-        with self._lock:
-            fns = list(self._by_id.get(msg_id, ()))
-        for fn in fns:
-            try:
-                fn()
-            except RuntimeError:  # the waiter's event loop closed meanwhile
-                pass
-
-
-#: Wakes the waiters of a message when a dispatcher or reply node in this process records
-#: its outcome; waiters also poll the store, for outcomes recorded by other processes.
-waiters = _Waiters()
-
-
-def notify_changed(msg_id: str) -> None:
-    waiters.fire(msg_id)
 
 
 def _origin(url: str) -> str:
@@ -133,6 +97,9 @@ class Dispatcher:
     wins) to ``(key id, secret)`` for HMAC signatures (``Homing-Signature``; the
     confirmation ``DELETE`` is signed too). ``webhook_signing`` maps endpoints the same way
     to Standard Webhooks secrets (``whsec_...``; several while rotating keys).
+    ``limits`` maps endpoints the same way to an ``EndpointLimit`` (rate, concurrency).
+    ``disable_after``: seconds an endpoint may fail without one success before it is
+    disabled (its messages then fail at once, kept for a redrive; ``homing http enable``).
     URLs a peer gave us (job results' response URLs, confirmation URLs on another origin)
     are called through a client that checks and pins the address at connect time;
     ``resolver`` (host, port) -> addresses replaces the system's for that check.
@@ -152,6 +119,8 @@ class Dispatcher:
         idle_poll: float = 0.25,
         resolver: wire.Resolver | None = None,
         webhook_signing: Mapping[str, Sequence[str | bytes]] | None = None,
+        limits: Mapping[str, EndpointLimit] | None = None,
+        disable_after: float | None = None,
     ) -> None:
         if per_destination < 1 or max_in_flight < 1:
             raise InvalidArgument("per_destination and max_in_flight must be at least 1")
@@ -167,6 +136,9 @@ class Dispatcher:
         self.signing = dict(signing or {})
         self.idle_poll = idle_poll
         self.resolver = resolver
+        if disable_after is not None and disable_after <= 0:
+            raise InvalidArgument(f"disable_after must be > 0 seconds, got {disable_after}")
+        self.endpoints = Endpoints(limits or {}, per_destination, disable_after)
         self.webhook_signing = {k: list(v) for k, v in (webhook_signing or {}).items()}
         for secrets in self.webhook_signing.values():
             for secret in secrets:
@@ -236,7 +208,6 @@ class Dispatcher:
             max_connections=self.max_in_flight, max_keepalive_connections=self.max_in_flight
         )
         self._group = GroupCommit(self.db.store, self._db)
-        sems: dict[str, asyncio.Semaphore] = {}
         in_flight: set[asyncio.Task[None]] = set()
         token = f"{socket.gethostname()}:{os.getpid()}:{ids.uuid7()}"
         try:
@@ -253,7 +224,14 @@ class Dispatcher:
         ):
             client = _Clients(trusted, guarded)
             delay = 0.005
+            refreshed = 0.0
             while not self._stopping:
+                if self.endpoints.disable_after and time.monotonic() - refreshed > 2.0:
+                    refreshed = time.monotonic()
+                    try:
+                        self.endpoints.disabled = await self._db(self._read_disabled)
+                    except Exception as exc:
+                        log.warning("reading disabled endpoints failed: %s", exc)
                 free = self.max_in_flight - len(in_flight)
                 rows: list[q.OutboxRow] = []
                 if free > 0:
@@ -263,11 +241,8 @@ class Dispatcher:
                         log.warning("outbox claim failed: %s", exc)
                         rows = []
                 for row in rows:
-                    sem = sems.setdefault(
-                        _origin(row.confirm_url or row.url)
-                        if row.state != "pending"
-                        else _origin(row.url),
-                        asyncio.Semaphore(self.per_destination),
+                    sem = self.endpoints.slot(
+                        (row.confirm_url or row.url) if row.state != "pending" else row.url
                     )
                     task = asyncio.create_task(self._one(client, sem, row, token))
                     in_flight.add(task)
@@ -310,6 +285,8 @@ class Dispatcher:
         async with sem:
             try:
                 if row.state == "pending":
+                    if await self._held_back(row, token):
+                        return
                     await self._deliver(client, row, token)
                 elif row.confirm_url:
                     await self._confirm(client, row, row.confirm_url, token)
@@ -318,6 +295,42 @@ class Dispatcher:
             except Exception as exc:  # never let one row kill the loop
                 log.exception("delivering %s failed unexpectedly", row.id)
                 await self._db(self._retry_row, row, token, f"internal error: {exc}", None)
+
+    def _read_disabled(self) -> dict[str, str]:
+        with self.db.store.transaction(write=False) as tx:
+            return q.disabled_endpoints(tx)
+
+    async def _held_back(self, row: q.OutboxRow, token: str) -> bool:
+        """True if the row is not sent now: its endpoint is disabled (the row fails, kept
+        for a redrive) or over its rate limit for a while (the row is postponed)."""
+        reason = self.endpoints.disabled_reason(row.url)
+        if reason is not None:  # the cache may be stale: an operator may have enabled it
+            reason = await self._db(self._still_disabled, row.url)
+        if reason is not None:
+            error = f"the endpoint is disabled ({reason}); `homing http enable` it, then redrive"
+            await self._db(self._fail_row, row, token, error, None, False)
+            return True
+        wait = self.endpoints.wait(row.url)
+        while wait > 0:
+            if wait > 2.0:  # do not sit on the claim: come back when a token is there
+                at = self.db.clock.now() + wait
+                await self._db(self._postpone, row.id, token, at)
+                return True
+            await asyncio.sleep(wait)
+            wait = self.endpoints.wait(row.url)
+        return False
+
+    def _still_disabled(self, url: str) -> str | None:
+        key = endpoint_key(url)
+        with self.db.store.transaction(write=False) as tx:
+            reason = q.endpoint_disabled(tx, key)
+        if reason is None:
+            self.endpoints.disabled.pop(key, None)
+        return reason
+
+    def _postpone(self, msg_id: str, token: str, at: float) -> None:
+        with write_lock(self.db.store), self.db.store.transaction() as tx:
+            q.postpone(tx, msg_id, token, at=at)
 
     # -- one delivery ------------------------------------------------------------------
     def _headers(self, row: q.OutboxRow) -> dict[str, str]:
@@ -440,6 +453,7 @@ class Dispatcher:
     ) -> bool:
         now = self.db.clock.now()
         keep = body if row.kind in ("put", "job") else None
+        self.endpoints.ok(tx, row.url)
         return q.mark_delivered(
             tx,
             row.id,
@@ -460,6 +474,8 @@ class Dispatcher:
         self.stats["retries"] += 1
         with write_lock(self.db.store), self.db.store.transaction() as tx:
             q.mark_retry(tx, row.id, token, at=min(at, max(row.deadline, now)), error=error)
+            if self.endpoints.failed(tx, row.url, now=now, error=error):
+                log.warning("endpoint %s disabled: %s", row.url, error)
 
     def _fail_row(
         self,
@@ -467,19 +483,24 @@ class Dispatcher:
         token: str,
         error: str,
         answer: tuple[int, str | None, bytes] | None,
+        counts: bool = True,
     ) -> None:
+        """End the row ``failed``; ``counts``: a failure of the endpoint (disable rule)."""
         status, ctype, body = answer if answer is not None else (None, None, None)
+        now = self.db.clock.now()
         with write_lock(self.db.store), self.db.store.transaction() as tx:
             done = q.mark_failed(
                 tx,
                 row.id,
-                now=self.db.clock.now(),
+                now=now,
                 error=error,
                 status=status,
                 content_type=ctype,
                 body=body,
                 token=token,
             )
+            if counts and done and self.endpoints.failed(tx, row.url, now=now, error=error):
+                log.warning("endpoint %s disabled: %s", row.url, error)
         if done:
             self.stats["failed"] += 1
             notify_changed(row.id)

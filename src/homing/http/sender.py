@@ -26,9 +26,15 @@ from homing.database import Database, Transaction
 from homing.errors import InvalidArgument, NotFound, PayloadTooLarge
 from homing.http import wire
 from homing.http._group import GroupCommit, write_lock
-from homing.http.dispatcher import DEADLINE_PREFIX, Dispatcher, waiters
+from homing.http._waiters import waiters
+from homing.http.dispatcher import DEADLINE_PREFIX, Dispatcher
 from homing.http.errors import DeadlineExceeded, MessageFailed
-from homing.http.policy import DEFAULT_ABSURD_AFTER_S, DEFAULT_FATAL_STATUSES, RetryPolicy
+from homing.http.policy import (
+    DEFAULT_ABSURD_AFTER_S,
+    DEFAULT_FATAL_STATUSES,
+    EndpointLimit,
+    RetryPolicy,
+)
 from homing.store import http_queries as q
 from homing.store.protocol import Tx
 
@@ -78,7 +84,9 @@ class Sender:
     ``dispatch=True`` runs a dispatcher in this process (a thread); with ``False`` another
     process (``homing serve``) drains the outbox and the calls here only store and wait.
     ``absurd_after`` seconds after it was stored a message that is still undelivered ends
-    with ``DeadlineExceeded``; keep it below the receivers' inbox retention.
+    with ``DeadlineExceeded``; keep it below the receivers' inbox retention. The other
+    options configure the dispatcher (see ``Dispatcher``): per-endpoint ``signing``,
+    ``webhook_signing`` (Standard Webhooks), ``limits`` and ``disable_after``.
     """
 
     def __init__(
@@ -96,6 +104,8 @@ class Sender:
         allowed_hosts: Iterable[str] = (),
         signing: Mapping[str, tuple[str, bytes]] | None = None,
         webhook_signing: Mapping[str, Sequence[str | bytes]] | None = None,
+        limits: Mapping[str, EndpointLimit] | None = None,
+        disable_after: float | None = None,
     ) -> None:
         if not isinstance(db, Database):
             raise InvalidArgument(
@@ -118,6 +128,8 @@ class Sender:
                 allowed_hosts=allowed_hosts,
                 signing=signing,
                 webhook_signing=webhook_signing,
+                limits=limits,
+                disable_after=disable_after,
             ).start()
 
     def close(self) -> None:

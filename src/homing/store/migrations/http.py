@@ -81,10 +81,21 @@ _V2 = (
     "ALTER TABLE homing_http_outbox ADD COLUMN headers TEXT",
     "ALTER TABLE homing_http_inbox ADD COLUMN history TEXT",
     "ALTER TABLE homing_http_inbox ADD COLUMN dead_at {real}",
-    "CREATE INDEX homing_http_inbox_dead ON homing_http_inbox (dead_at) "
-    "WHERE dead_at IS NOT NULL",
+    "CREATE INDEX homing_http_inbox_dead ON homing_http_inbox (dead_at) WHERE dead_at IS NOT NULL",
     "CREATE INDEX homing_http_outbox_failed ON homing_http_outbox (finished_at) "
     "WHERE state = 'failed'",
+)
+
+#: v3: endpoints that are failing (since when) or disabled by the disable-after rule. A row
+#: exists only while its endpoint fails: a delivery that succeeds deletes it (bounded).
+_V3 = (
+    """CREATE TABLE homing_http_endpoints (
+        endpoint TEXT PRIMARY KEY,
+        failing_since {real} NOT NULL,
+        last_error TEXT,
+        disabled_at {real},
+        reason TEXT
+    )""",
 )
 
 MIGRATIONS: list[Migration] = [
@@ -94,5 +105,11 @@ MIGRATIONS: list[Migration] = [
         "http_headers_history_dead_letters",
         tuple(s.format(real="REAL") for s in _V2),
         tuple(s.format(real="DOUBLE PRECISION") for s in _V2),
+    ),
+    Migration(
+        3,
+        "http_endpoints",
+        tuple(s.format(real="REAL") for s in _V3),
+        tuple(s.format(real="DOUBLE PRECISION") for s in _V3),
     ),
 ]
