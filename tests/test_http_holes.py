@@ -332,3 +332,45 @@ def test_a_response_url_that_rebinds_to_loopback_is_not_called(
             failed = eventually(lambda: admin.failed_deliveries(ends.rdb))
     assert failed and "non-public" in (failed[0].last_error or ""), failed
     assert hits == [] and len(lookups) >= 2
+
+
+def test_http_schema_upgrades_from_version_1_with_rows_in_flight(stores: Any) -> None:
+    """A store made by the previous release (http schema v1, a pending outbox row and a
+    received inbox entry) upgrades in place and both rows stay usable."""
+    from homing.store import http_queries as q
+    from homing.store.migrations import component_migrations
+
+    db = homing.connect(stores.url("upgrade"), migrate=False)
+    assert isinstance(db, homing.Database)
+    v1 = component_migrations("http")[0]
+    with db.store.transaction() as tx:
+        tx.execute(
+            "CREATE TABLE IF NOT EXISTS homing_migrations (component TEXT NOT NULL, "
+            "version INTEGER NOT NULL, name TEXT NOT NULL, applied_at "
+            + ("REAL" if tx.dialect == "sqlite" else "DOUBLE PRECISION")
+            + " NOT NULL, PRIMARY KEY (component, version))"
+        )
+        for statement in v1.sqlite if tx.dialect == "sqlite" else v1.postgres:
+            tx.execute(statement)
+        tx.execute("INSERT INTO homing_migrations VALUES ('http', 1, ?, 0)", (v1.name,))
+        tx.execute(
+            "INSERT INTO homing_http_outbox (id, kind, method, url, content_type, body, state, "
+            "deadline, created_at, next_attempt_at) VALUES ('o1', 'send', 'POST', "
+            "'http://x/y', 'application/json', ?, 'pending', 9e9, 0, 0)",
+            (b"{}",),
+        )
+        tx.execute(
+            "INSERT INTO homing_http_inbox (id, path, mode, body_hash, content_type, body, "
+            "state, received_at) VALUES ('i1', '/n', 'send', 'h', 'application/json', ?, "
+            "'received', 0)",
+            (b"[1]",),
+        )
+    applied = db.migrate()
+    assert "http:0002_http_headers_history_dead_letters" in applied
+    assert "http:0003_http_endpoints" in applied
+    with db.store.transaction() as tx:
+        out = q.outgoing(tx, "o1")
+        inn = q.incoming(tx, "i1")
+    assert out is not None and out.headers is None and out.state == "pending"
+    assert inn is not None and inn.body == b"[1]" and inn.history is None and inn.dead_at is None
+    db.close()
