@@ -10,6 +10,7 @@ import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 from homing import ids
@@ -27,6 +28,19 @@ log = logging.getLogger("homing.http")
 Handler = Callable[[Any, Transaction], Any]
 #: Failed attempts kept in an entry's history (the oldest are dropped past this).
 MAX_HISTORY = 20
+
+
+PROBLEM_TYPE = "application/problem+json"
+
+
+def problem_body(status: int, detail: str) -> bytes:
+    """An RFC 9457 problem document (``error`` repeats ``detail`` for older homing clients)."""
+    try:
+        title = HTTPStatus(status).phrase
+    except ValueError:
+        title = "Error"
+    doc = {"type": "about:blank", "title": title, "status": status, "detail": detail}
+    return json.dumps({**doc, "error": detail}).encode()
 
 
 @dataclass(frozen=True)
@@ -54,12 +68,8 @@ def _history(previous: str | None, at: float, error: str) -> str:
 
 def stored_answer(row: q.InboxRow, *, replayed: bool) -> Answer:
     if row.confirmed and row.resp_body is None:
-        return Answer(
-            410,
-            wire.JSON_TYPE,
-            json.dumps({"error": f"message {row.id} was answered and confirmed"}).encode(),
-            replayed,
-        )
+        detail = f"message {row.id} was answered and confirmed"
+        return Answer(410, PROBLEM_TYPE, problem_body(410, detail), replayed)
     return Answer(row.status or 200, row.resp_content_type, row.resp_body or b"", replayed, True)
 
 
@@ -114,7 +124,7 @@ class Inbox:
             if not ok:
                 return None
             if row is None:
-                return Answer(404, wire.JSON_TYPE, b'{"error": "unknown message"}')
+                return Answer(404, PROBLEM_TYPE, problem_body(404, "unknown message"))
             if row.state != "received":
                 return stored_answer(row, replayed=True)
             return self.attempt(t, row, background)
@@ -148,14 +158,14 @@ class Inbox:
         attempts = row.attempts + 1
         if permanent or attempts >= self.max_attempts:
             reason = error if permanent else f"the handler failed {attempts} times; last: {error}"
-            data = json.dumps({"error": reason}).encode()
-            self.finish(tx, row, "failed", 501, wire.JSON_TYPE, data, reason, history, dead=True)
+            data = problem_body(501, reason)
+            self.finish(tx, row, "failed", 501, PROBLEM_TYPE, data, reason, history, dead=True)
             self.stats["dead"] = self.stats.get("dead", 0) + 1
-            return Answer(501, wire.JSON_TYPE, data, False, True)
+            return Answer(501, PROBLEM_TYPE, data, False, True)
         at = now + self.retry.delay(attempts) if background else None
         q.retry_incoming(tx, row.id, at=at, error=error, history=history)
-        data = json.dumps({"error": f"the handler failed, retry later: {error}"}).encode()
-        return Answer(503, wire.JSON_TYPE, data)
+        data = problem_body(503, f"the handler failed, retry later: {error}")
+        return Answer(503, PROBLEM_TYPE, data)
 
     def finish(
         self,

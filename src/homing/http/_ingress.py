@@ -13,35 +13,28 @@ import hashlib
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from http import HTTPStatus
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import Response
 
 from homing import ids
 from homing.errors import InvalidArgument
 from homing.http import standard, wire
-from homing.http._inbox import Refused
+from homing.http._inbox import PROBLEM_TYPE, Refused, problem_body
 
 IDEMPOTENCY_KEY = "idempotency-key"
 #: Longest Idempotency-Key accepted (characters); any printable ASCII, not only UUIDs.
 MAX_IDEMPOTENCY_KEY = 255
-PROBLEM_TYPE = "application/problem+json"
 _NAMESPACE = uuid.UUID("5b7d1a52-6f0e-4c2a-9d0e-686f6d696e67")
 
 Scope = str | Callable[[Request], str]
 
 
-def problem(status: int, detail: str, **headers: str) -> JSONResponse:
+def problem(status: int, detail: str, **headers: str) -> Response:
     """An RFC 9457 problem answer (``error`` repeats ``detail`` for older homing clients)."""
-    try:
-        title = HTTPStatus(status).phrase
-    except ValueError:
-        title = "Error"
-    body = {"type": "about:blank", "title": title, "status": status, "detail": detail}
-    return JSONResponse(
-        {**body, "error": detail}, status_code=status, headers=headers, media_type=PROBLEM_TYPE
+    return Response(
+        problem_body(status, detail), status_code=status, headers=headers, media_type=PROBLEM_TYPE
     )
 
 

@@ -12,7 +12,6 @@ from typing import Any
 
 from homing.database import Database
 from homing.errors import InvalidArgument
-from homing.http._group import write_lock
 from homing.http.policy import DEFAULT_ABSURD_AFTER_S
 from homing.store import http_queries as q
 
@@ -88,13 +87,13 @@ def dead_letters(db: Database, *, limit: int = 100, path: str | None = None) -> 
 def redrive(db: Database, ids: Sequence[str] | None = None) -> int:
     """Dead letters (all, or ``ids``) back to the inbox, due now; returns how many.
     A running Receiver on this store handles them on its next poll."""
-    with write_lock(db.store), db.store.transaction() as tx:
+    with db.store.transaction() as tx:
         return q.redrive_incoming(tx, _ids(ids), now=db.clock.now())
 
 
 def purge_dead_letters(db: Database, ids: Sequence[str] | None = None) -> int:
     """Give up on dead letters for good: their bodies are dropped (ids stay known)."""
-    with write_lock(db.store), db.store.transaction() as tx:
+    with db.store.transaction() as tx:
         return q.purge_dead(tx, _ids(ids))
 
 
@@ -126,7 +125,7 @@ def redrive_failed(
     if absurd_after <= 0:
         raise InvalidArgument(f"absurd_after must be > 0 seconds, got {absurd_after}")
     now = db.clock.now()
-    with write_lock(db.store), db.store.transaction() as tx:
+    with db.store.transaction() as tx:
         return q.redrive_outgoing(tx, _ids(ids), now=now, deadline=now + absurd_after)
 
 
@@ -139,5 +138,5 @@ def endpoints(db: Database, *, limit: int = 100) -> list[q.EndpointRow]:
 def enable(db: Database, endpoint: str) -> bool:
     """Enable a disabled endpoint (``scheme://host:port/path``) again; then redrive its
     failed deliveries. A dispatcher sees it within a few seconds."""
-    with write_lock(db.store), db.store.transaction() as tx:
+    with db.store.transaction() as tx:
         return q.enable_endpoint(tx, endpoint)

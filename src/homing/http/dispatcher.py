@@ -314,7 +314,10 @@ class Dispatcher:
         while wait > 0:
             if wait > 2.0:  # do not sit on the claim: come back when a token is there
                 at = self.db.clock.now() + wait
-                await self._db(self._postpone, row.id, token, at)
+                assert self._group is not None
+                await self._group.run(
+                    functools.partial(q.postpone, msg_id=row.id, token=token, at=at)
+                )
                 return True
             await asyncio.sleep(wait)
             wait = self.endpoints.wait(row.url)
@@ -327,10 +330,6 @@ class Dispatcher:
         if reason is None:
             self.endpoints.disabled.pop(key, None)
         return reason
-
-    def _postpone(self, msg_id: str, token: str, at: float) -> None:
-        with write_lock(self.db.store), self.db.store.transaction() as tx:
-            q.postpone(tx, msg_id, token, at=at)
 
     # -- one delivery ------------------------------------------------------------------
     def _headers(self, row: q.OutboxRow) -> dict[str, str]:

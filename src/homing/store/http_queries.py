@@ -273,7 +273,7 @@ def mark_retry(tx: Tx, msg_id: str, token: str, *, at: float, error: str) -> boo
     )
 
 
-def postpone(tx: Tx, msg_id: str, token: str, *, at: float) -> None:
+def postpone(tx: Tx, *, msg_id: str, token: str, at: float) -> None:
     """Release a claimed row unsent until ``at`` (a rate limit): no attempt is counted."""
     tx.execute(
         "UPDATE homing_http_outbox SET next_attempt_at = ?, claim_token = NULL, "
