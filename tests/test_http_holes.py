@@ -6,6 +6,7 @@ Each test is one hole found from outside: it failed on the code before the fix.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
@@ -219,6 +220,7 @@ def test_signatures_bind_mode_response_url_content_type_and_the_delete(ends: End
         dh = {wire.MESSAGE_ID: put_id}
         dh[wire.SIGNATURE] = _signed(secret, "DELETE", target, dh, b"")
         assert httpx.delete(base + target, headers=dh).status_code == 204
+
         # a homing sender signs its DELETE too, with a rotated key set on the receiver
         def unconfirmed() -> list[Any]:
             with ends.rdb.store.transaction(write=False) as tx:
@@ -373,3 +375,30 @@ def test_http_schema_upgrades_from_version_1_with_rows_in_flight(stores: Any) ->
     assert out is not None and out.headers is None and out.state == "pending"
     assert inn is not None and inn.body == b"[1]" and inn.history is None and inn.dead_at is None
     db.close()
+
+
+def test_a_stopped_dispatcher_hands_its_claims_over_at_once(ends: Ends) -> None:
+    """A sender closed while a request is in flight releases its claim: the next
+    dispatcher sends the message now, not after the claim's lease (request timeout + 10 s)."""
+    arrived = threading.Event()
+    release = threading.Event()
+    seen: list[str] = []
+
+    async def slow(request: Request) -> Response:
+        seen.append(request.headers[wire.MESSAGE_ID])
+        arrived.set()
+        while not release.is_set() and len(seen) == 1:
+            await asyncio.sleep(0.01)
+        return Response(status_code=204)
+
+    app = Starlette(routes=[Route("/slow", slow, methods=["POST"])])
+    with serve_in_thread(app) as base:
+        first = ends.sender(request_timeout=60.0)
+        pending = first.enqueue("send", base + "/slow", {"x": 1})
+        assert arrived.wait(30)
+        first.close()  # the request is cancelled mid-flight
+        with ends.sender(request_timeout=60.0) as second:
+            assert pending.wait(timeout=50) is None  # the old claim would hold it for 70 s
+            assert second.dispatcher is not None and second.dispatcher.stats["delivered"] == 1
+        release.set()
+    assert seen == [pending.id, pending.id]

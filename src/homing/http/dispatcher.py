@@ -260,6 +260,14 @@ class Dispatcher:
             for task in list(in_flight):
                 task.cancel()
             await asyncio.gather(*in_flight, return_exceptions=True)
+        try:  # a graceful stop hands its claimed rows to the next dispatcher at once
+            await self._db(self._release_claims, token)
+        except Exception as exc:  # the store is closing: the claims expire with their lease
+            log.info("could not release this dispatcher's claims: %s", exc)
+
+    def _release_claims(self, token: str) -> None:
+        with self.db.store.transaction() as tx:
+            q.release_claims(tx, token)
 
     def _release_dead_claims(self) -> None:
         """Rows claimed by a dispatcher on this host whose process is gone are due at once
