@@ -165,28 +165,22 @@ def test_a_wrong_local_url_fails_the_caller_at_once(ends: Ends) -> None:
         }
 
 
-def test_a_reply_nobody_takes_is_kept_as_a_failed_delivery(ends: Ends) -> None:
-    """A job result sent to a reply node of another store (404: no such job) is not
-    dropped: it stays, with its body, among the receiver's failed deliveries."""
+def test_a_result_no_reply_node_takes_still_reaches_the_caller(ends: Ends) -> None:
+    """A job whose local_url is the reply node of another store: the result is answered 404
+    there, kept among the receiver's failed deliveries, and the caller fetches it from the
+    receiver's status URL instead of waiting for the absurd deadline."""
     other = homing.connect(ends.stores.url("other"))
     assert isinstance(other, homing.Database)
     stranger = Receiver(other, allowed_hosts=LOCAL, dispatch=False)
-    job_id = homing.uuid7()
-    with serve_in_thread(stranger.app) as sbase:
-        r = httpx.post(
-            ends.base + "/effect",
-            content=b'{"orphan": 1}',
-            headers={
-                wire.MESSAGE_ID: job_id,
-                wire.MODE: "job",
-                wire.RESPONSE_URL: sbase + "/_homing/reply",
-                "content-type": "application/json",
-            },
-        )
-        assert r.status_code == 202
-        failed = eventually(lambda: admin.failed_deliveries(ends.rdb))
-    other.close()
-    assert failed[0].kind == "reply" and "404" in (failed[0].last_error or "")
+    try:
+        with serve_in_thread(stranger.app) as sbase, ends.sender(job_check=0.2) as sender:
+            result = sender.perform_job(ends.base + "/effect", sbase, {"orphan": 1}, timeout=30)
+            assert result == {"echo": {"orphan": 1}}
+            failed = admin.failed_deliveries(ends.rdb)
+            assert failed[0].kind == "reply" and "404" in (failed[0].last_error or "")
+    finally:
+        other.close()
+    assert ends.effects("orphan") == ['{"orphan": 1}']
 
 
 def _signed(secret: bytes, method: str, target: str, headers: dict[str, str], body: bytes) -> str:
@@ -220,6 +214,12 @@ def test_signatures_bind_mode_response_url_content_type_and_the_delete(ends: End
         dh = {wire.MESSAGE_ID: put_id}
         dh[wire.SIGNATURE] = _signed(secret, "DELETE", target, dh, b"")
         assert httpx.delete(base + target, headers=dh).status_code == 204
+        # so is the job status (it may carry a result)
+        assert httpx.get(base + target).status_code == 401
+        gh = {wire.MESSAGE_ID: put_id}
+        gh[wire.SIGNATURE] = _signed(secret, "GET", target, gh, b"")
+        status = httpx.get(base + target, headers=gh)
+        assert status.status_code == 200 and status.json()["state"] == "done", status.text
 
         # a homing sender signs its DELETE too, with a rotated key set on the receiver
         def unconfirmed() -> list[Any]:

@@ -10,18 +10,57 @@ keys on ``origin + path`` (no query).
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Mapping
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 from homing.http.policy import EndpointLimit
 from homing.store import http_queries as q
 from homing.store.protocol import Tx
 
+T = TypeVar("T")
+
 
 def origin(url: str) -> str:
     p = urlsplit(url)
     return f"{p.scheme}://{p.netloc}".lower()
+
+
+def for_endpoint(by_endpoint: Mapping[str, T], url: str) -> T | None:
+    """The setting for ``url``: by the URL itself, else its origin, else ``"*"``."""
+    for key in (url, origin(url), "*"):
+        if key in by_endpoint:
+            return by_endpoint[key]
+    return None
+
+
+def target(url: str) -> str:
+    """The request target that a signature binds: path and query."""
+    parts = urlsplit(url)
+    return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """A ``Retry-After`` in seconds (an HTTP date is ignored)."""
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None
+
+
+def alive(pid: int) -> bool:
+    """Whether a process of this host still runs (a dead dispatcher's claims are freed)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def endpoint_key(url: str) -> str:

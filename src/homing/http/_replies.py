@@ -1,7 +1,12 @@
-"""The reply node of a sender: job results delivered to ``/_homing/reply`` are recorded
-against the job's outbox row, in one transaction with the result message's inbox entry."""
+"""Job results. On the sender: its reply node, where results delivered to
+``/_homing/reply`` are recorded against the job's outbox row, in one transaction with the
+result message's inbox entry. On the receiver: the status of a job (and a result it could
+not deliver) for ``GET /_homing/inbox/{id}``."""
 
 from __future__ import annotations
+
+import base64
+from typing import Any
 
 from homing.database import Database
 from homing.http._group import write_lock
@@ -74,3 +79,23 @@ def _store_reply_tx(
             error=None,
         )
     return "new"
+
+
+def job_status(db: Database, msg_id: str) -> dict[str, Any] | None:
+    """The answer of ``GET /_homing/inbox/{id}`` (None: unknown id)."""
+    with db.store.transaction(write=False) as tx:
+        row = q.incoming(tx, msg_id)
+        reply = q.reply_for(tx, msg_id) if row is not None and row.mode == "job" else None
+    if row is None:
+        return None
+    out: dict[str, Any] = {"id": msg_id, "mode": row.mode, "state": row.state, "result": None}
+    if reply is not None:
+        result: dict[str, Any] = {"state": reply.state, "error": reply.last_error}
+        if reply.state == "failed":  # undeliverable: hand it to the sender this way
+            result.update(
+                status=reply.reply_status,
+                content_type=reply.content_type,
+                body=base64.b64encode(reply.body).decode(),
+            )
+        out["result"] = result
+    return out

@@ -20,7 +20,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
-from urllib.parse import urlsplit
 
 import httpx
 
@@ -28,8 +27,16 @@ from homing import ids
 from homing._failpoints import failpoint
 from homing.database import Database
 from homing.errors import InvalidArgument
-from homing.http import standard, wire
-from homing.http._endpoints import Endpoints, endpoint_key
+from homing.http import _followups, standard, wire
+from homing.http._endpoints import (
+    Endpoints,
+    alive,
+    endpoint_key,
+    for_endpoint,
+    origin,
+    retry_after_seconds,
+    target,
+)
 from homing.http._group import GroupCommit, write_lock
 from homing.http._netguard import RefusedAddress, guarded_transport
 from homing.http._waiters import notify_changed
@@ -43,47 +50,9 @@ T = TypeVar("T")
 DEADLINE_PREFIX = "the absurd deadline passed"
 
 
-def _origin(url: str) -> str:
-    p = urlsplit(url)
-    return f"{p.scheme}://{p.netloc}".lower()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _for_endpoint(by_endpoint: Mapping[str, T], url: str) -> T | None:
-    """The setting for ``url``: by the URL itself, else its origin, else ``"*"``."""
-    for key in (url, _origin(url), "*"):
-        if key in by_endpoint:
-            return by_endpoint[key]
-    return None
-
-
-def _target(url: str) -> str:
-    """The request target that a signature binds: path and query."""
-    parts = urlsplit(url)
-    return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-
-
-class _Clients(NamedTuple):
+class Clients(NamedTuple):
     trusted: httpx.AsyncClient  # destinations the application chose itself
     guarded: httpx.AsyncClient  # URLs a peer gave us: addresses checked and pinned
-
-
-def _retry_after(value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        return None
 
 
 class Dispatcher:
@@ -100,6 +69,8 @@ class Dispatcher:
     ``limits`` maps endpoints the same way to an ``EndpointLimit`` (rate, concurrency).
     ``disable_after``: seconds an endpoint may fail without one success before it is
     disabled (its messages then fail at once, kept for a redrive; ``homing http enable``).
+    ``job_check``: seconds after a job's 202 before asking the receiver how it went (then
+    less and less often); a result the receiver could not deliver is fetched that way.
     URLs a peer gave us (job results' response URLs, confirmation URLs on another origin)
     are called through a client that checks and pins the address at connect time;
     ``resolver`` (host, port) -> addresses replaces the system's for that check.
@@ -121,6 +92,7 @@ class Dispatcher:
         webhook_signing: Mapping[str, Sequence[str | bytes]] | None = None,
         limits: Mapping[str, EndpointLimit] | None = None,
         disable_after: float | None = None,
+        job_check: float = 30.0,
     ) -> None:
         if per_destination < 1 or max_in_flight < 1:
             raise InvalidArgument("per_destination and max_in_flight must be at least 1")
@@ -139,6 +111,9 @@ class Dispatcher:
         if disable_after is not None and disable_after <= 0:
             raise InvalidArgument(f"disable_after must be > 0 seconds, got {disable_after}")
         self.endpoints = Endpoints(limits or {}, per_destination, disable_after)
+        if job_check <= 0:
+            raise InvalidArgument(f"job_check must be > 0 seconds, got {job_check}")
+        self.job_check = job_check
         self.webhook_signing = {k: list(v) for k, v in (webhook_signing or {}).items()}
         for secrets in self.webhook_signing.values():
             for secret in secrets:
@@ -222,7 +197,7 @@ class Dispatcher:
             httpx.AsyncClient(limits=limits, timeout=self.request_timeout) as trusted,
             guarded,
         ):
-            client = _Clients(trusted, guarded)
+            client = Clients(trusted, guarded)
             delay = 0.005
             refreshed = 0.0
             while not self._stopping:
@@ -277,7 +252,7 @@ class Dispatcher:
             for token in q.live_claims(tx, now=self.db.clock.now()):
                 t_host, _, rest = token.partition(":")
                 pid = rest.split(":", 1)[0]
-                if t_host == host and pid.isdigit() and not _alive(int(pid)):
+                if t_host == host and pid.isdigit() and not alive(int(pid)):
                     q.release_claims(tx, token)
 
     def _claim(self, token: str, limit: int) -> list[q.OutboxRow]:
@@ -288,7 +263,7 @@ class Dispatcher:
             )
 
     async def _one(
-        self, client: _Clients, sem: asyncio.Semaphore, row: q.OutboxRow, token: str
+        self, client: Clients, sem: asyncio.Semaphore, row: q.OutboxRow, token: str
     ) -> None:
         async with sem:
             try:
@@ -297,7 +272,9 @@ class Dispatcher:
                         return
                     await self._deliver(client, row, token)
                 elif row.confirm_url:
-                    await self._confirm(client, row, row.confirm_url, token)
+                    await _followups.confirm(self, client, row, row.confirm_url, token)
+                elif row.state == "accepted" and row.status_url:
+                    await _followups.check_job(self, client, row, token)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # never let one row kill the loop
@@ -352,19 +329,19 @@ class Dispatcher:
             headers[wire.IN_REPLY_TO] = row.in_reply_to
             headers[wire.REPLY_STATUS] = str(row.reply_status or 200)
         self._sign(headers, row.method, row.url, row.body)
-        webhook = _for_endpoint(self.webhook_signing, row.url)
+        webhook = for_endpoint(self.webhook_signing, row.url)
         if webhook:
             headers.update(standard.sign_headers(webhook, row.id, row.body, self.db.clock.now()))
         return headers
 
     def _sign(self, headers: dict[str, str], method: str, url: str, body: bytes) -> None:
-        key = _for_endpoint(self.signing, url)
+        key = for_endpoint(self.signing, url)
         if key is not None:
             headers[wire.SIGNATURE] = wire.sign(
-                key[0], key[1], method, _target(url), headers, body, self.db.clock.now()
+                key[0], key[1], method, target(url), headers, body, self.db.clock.now()
             )
 
-    async def _deliver(self, clients: _Clients, row: q.OutboxRow, token: str) -> None:
+    async def _deliver(self, clients: Clients, row: q.OutboxRow, token: str) -> None:
         if self.db.clock.now() > row.deadline:
             await self._db(
                 self._fail_row,
@@ -392,19 +369,24 @@ class Dispatcher:
         status = resp.status_code
         if 200 <= status < 300:
             failpoint("http.sender.after_2xx_before_tombstone")
-            confirm = resp.headers.get(wire.CONFIRM_URL)
-            if confirm and _origin(confirm) != _origin(row.url):
-                try:  # a confirmation URL elsewhere than the destination must be safe
-                    wire.check_url(confirm, self.allowed_hosts)
-                except InvalidArgument as exc:
-                    log.info("ignoring confirmation URL of %s: %s", row.id, exc)
-                    confirm = None
+            confirm = self._peer_url(row, resp.headers.get(wire.CONFIRM_URL))
             state = "accepted" if (row.kind == "job" and status == 202) else "delivered"
+            status_url = None
+            if state == "accepted":
+                status_url = self._peer_url(row, resp.headers.get(wire.STATUS_URL))
             ctype = resp.headers.get("content-type", wire.BYTES_TYPE)
             assert self._group is not None
             stored = await self._group.run(
                 functools.partial(
-                    self._tombstone, row, token, state, status, ctype, resp.content, confirm
+                    self._tombstone,
+                    row,
+                    token,
+                    state,
+                    status,
+                    ctype,
+                    resp.content,
+                    confirm,
+                    status_url,
                 )
             )
             failpoint("http.sender.after_tombstone_before_delete")
@@ -412,7 +394,7 @@ class Dispatcher:
                 self.stats["delivered"] += 1
                 notify_changed(row.id)
                 if confirm:
-                    await self._confirm(clients, row, confirm, token)
+                    await _followups.confirm(self, clients, row, confirm, token)
             return
         if is_fatal(status, self.fatal_statuses):
             await self._db(
@@ -428,23 +410,8 @@ class Dispatcher:
             row,
             token,
             f"the receiver answered {status}",
-            _retry_after(resp.headers.get("retry-after")),
+            retry_after_seconds(resp.headers.get("retry-after")),
         )
-
-    async def _confirm(self, clients: _Clients, row: q.OutboxRow, url: str, token: str) -> None:
-        msg_id = row.id
-        client = clients.trusted if _origin(url) == _origin(row.url) else clients.guarded
-        headers = {wire.MESSAGE_ID: msg_id}
-        self._sign(headers, "DELETE", url, b"")
-        try:
-            resp = await client.delete(url, headers=headers)
-            ok = resp.status_code < 500 and resp.status_code not in (408, 429)
-            error = f"DELETE {url} answered {resp.status_code}"
-        except httpx.HTTPError as exc:
-            ok, error = False, f"DELETE {url}: {type(exc).__name__}: {exc}"
-        self.stats["deletes"] += 1
-        assert self._group is not None
-        await self._group.run(functools.partial(self._confirm_outcome, msg_id, token, ok, error))
 
     # -- outcomes (each one transaction) ---------------------------------------------------
     def _tombstone(
@@ -456,6 +423,7 @@ class Dispatcher:
         ctype: str,
         body: bytes,
         confirm: str | None,
+        status_url: str | None,
         tx: Tx,
     ) -> bool:
         now = self.db.clock.now()
@@ -471,7 +439,19 @@ class Dispatcher:
             content_type=ctype if keep is not None else None,
             body=keep,
             confirm_url=confirm,
+            status_url=status_url,
+            check_at=now + self.job_check if status_url else None,
         )
+
+    def _peer_url(self, row: q.OutboxRow, url: str | None) -> str | None:
+        """A URL the receiver answered with: kept if on the destination's origin or safe."""
+        if url and origin(url) != origin(row.url):
+            try:
+                wire.check_url(url, self.allowed_hosts, resolver=self.resolver)
+            except InvalidArgument as exc:
+                log.info("ignoring URL %s given for %s: %s", url[:200], row.id, exc)
+                return None
+        return url
 
     def _retry_row(
         self, row: q.OutboxRow, token: str, error: str, retry_after: float | None
@@ -511,15 +491,3 @@ class Dispatcher:
         if done:
             self.stats["failed"] += 1
             notify_changed(row.id)
-
-    def _confirm_outcome(self, msg_id: str, token: str, ok: bool, error: str, tx: Tx) -> None:
-        if ok:
-            q.confirm_done(tx, msg_id, token)
-            return
-        row = q.outgoing(tx, msg_id)
-        now = self.db.clock.now()
-        if row is None or now > row.deadline:  # give up: the DELETE is only an ack
-            q.confirm_done(tx, msg_id, token)
-            return
-        at = now + self.retry.delay(row.attempts)
-        q.confirm_retry(tx, msg_id, token, at=at, error=error)

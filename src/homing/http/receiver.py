@@ -36,7 +36,7 @@ from homing.errors import InvalidArgument
 from homing.http import _ingress, standard, wire
 from homing.http._group import GroupCommit, write_lock
 from homing.http._inbox import Answer, Handler, Inbox, Refused, stored_answer
-from homing.http._replies import store_reply
+from homing.http._replies import job_status, store_reply
 from homing.http.dispatcher import Dispatcher, notify_changed
 from homing.http.errors import UnsafeURL
 from homing.http.policy import DEFAULT_ABSURD_AFTER_S, RetryPolicy
@@ -147,6 +147,7 @@ class Receiver:
             routes=[
                 Route(INTERNAL + "/info", self._info, methods=["GET"]),
                 Route(INTERNAL + "/inbox/{msg_id}", self._confirm, methods=["DELETE"]),
+                Route(INTERNAL + "/inbox/{msg_id}", self._status, methods=["GET"]),
                 Route("/{rest:path}", self._receive, methods=list(wire.METHODS)),
             ],
             lifespan=self._lifespan,
@@ -245,23 +246,42 @@ class Receiver:
         msg_id = request.path_params["msg_id"]
         if not ids.is_uuid(msg_id):
             return _error(400, "the message id in the URL is not a UUID")
-        if self.secrets is not None:  # an unsigned DELETE could drop a stored response
-            problem = wire.verify(
-                request.headers.get(wire.SIGNATURE),
-                self.secrets,
-                "DELETE",
-                self._target(request),
-                _ingress.header_map(request),
-                b"",
-                now=time.time(),
-                window=self.signature_window,
-            )
-            if problem is not None:
-                return _error(401, problem, **self._headers())
+        problem = self._unsigned(request)  # an unsigned DELETE could drop a stored response
+        if problem is not None:
+            return _error(401, problem, **self._headers())
         found = await self._group().run(functools.partial(q.confirm_incoming, msg_id=msg_id))
         if not found:
             return _error(404, f"no answered message {msg_id} in this inbox")
         return Response(status_code=204, headers=self._headers())
+
+    def _unsigned(self, request: Request) -> str | None:
+        """What is wrong with a body-less request's signature (None: fine or not needed)."""
+        if self.secrets is None:
+            return None
+        return wire.verify(
+            request.headers.get(wire.SIGNATURE),
+            self.secrets,
+            request.method,
+            self._target(request),
+            _ingress.header_map(request),
+            b"",
+            now=time.time(),
+            window=self.signature_window,
+        )
+
+    async def _status(self, request: Request) -> Response:
+        """How a job went: its inbox state and, once its result could not be delivered to
+        the response URL, the result itself (the sender fetches it instead of waiting)."""
+        msg_id = request.path_params["msg_id"]
+        if not ids.is_uuid(msg_id):
+            return _error(400, "the message id in the URL is not a UUID")
+        problem = self._unsigned(request)
+        if problem is not None:
+            return _error(401, problem, **self._headers())
+        found = await run_in_threadpool(job_status, self.db, msg_id)
+        if found is None:
+            return _error(404, f"no message {msg_id} in this inbox", **self._headers())
+        return JSONResponse(found, headers=self._headers())
 
     @staticmethod
     def _target(request: Request) -> str:
@@ -355,7 +375,13 @@ class Receiver:
                 )
         if mode == "send":
             return Response(status_code=204, headers=self._headers())
-        return Response(status_code=202, headers=self._headers())
+        # the sender may ask here how its job went (and fetch a result it did not get)
+        status_url = f"{self._base(request)}{INTERNAL}/inbox/{msg_id}"
+        return Response(status_code=202, headers={**self._headers(), wire.STATUS_URL: status_url})
+
+    @staticmethod
+    def _base(request: Request) -> str:
+        return f"{request.url.scheme}://{request.url.netloc}{request.scope.get('root_path', '')}"
 
     def _identify(self, request: Request, body: bytes) -> tuple[str, str]:
         """(message id, mode) of a request, after checking who signed it."""
@@ -416,10 +442,7 @@ class Receiver:
         if answer.replayed:
             headers[wire.REPLAYED] = "true"
         if answer.confirm and 200 <= answer.status < 300:
-            base = (
-                f"{request.url.scheme}://{request.url.netloc}{request.scope.get('root_path', '')}"
-            )
-            headers[wire.CONFIRM_URL] = f"{base}{INTERNAL}/inbox/{msg_id}"
+            headers[wire.CONFIRM_URL] = f"{self._base(request)}{INTERNAL}/inbox/{msg_id}"
         return Response(
             answer.body,
             status_code=answer.status,

@@ -106,6 +106,7 @@ class Sender:
         webhook_signing: Mapping[str, Sequence[str | bytes]] | None = None,
         limits: Mapping[str, EndpointLimit] | None = None,
         disable_after: float | None = None,
+        job_check: float = 30.0,
     ) -> None:
         if not isinstance(db, Database):
             raise InvalidArgument(
@@ -130,6 +131,7 @@ class Sender:
                 webhook_signing=webhook_signing,
                 limits=limits,
                 disable_after=disable_after,
+                job_check=job_check,
             ).start()
 
     def close(self) -> None:

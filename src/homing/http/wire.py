@@ -10,6 +10,7 @@ Headers (case-insensitive, as HTTP has it):
 ``Homing-Reply-Status``     on a job's result message: 200 (result) or 501 (the job failed)
 ``Homing-Signature``        ``t=<unix>,k=<key id>,v2=<hex HMAC-SHA256>`` (optional)
 ``Homing-Confirm-Url``      on a response: ``DELETE`` it once the response is stored
+``Homing-Status-Url``       on a 202: ``GET`` it for the job's state (and an undelivered result)
 ``Homing-Replayed``         on a response: ``true`` when it is a stored response replayed
 ``Homing-Inbox-Retention``  on every answer: seconds the receiver remembers message ids
 ==========================  ============================================================
@@ -38,6 +39,7 @@ IN_REPLY_TO = "homing-in-reply-to"
 REPLY_STATUS = "homing-reply-status"
 SIGNATURE = "homing-signature"
 CONFIRM_URL = "homing-confirm-url"
+STATUS_URL = "homing-status-url"
 REPLAYED = "homing-replayed"
 RETENTION = "homing-inbox-retention"
 

@@ -33,6 +33,7 @@ OUT_COLUMNS = (
     "resp_body",
     "confirm_url",
     "headers",
+    "status_url",
 )
 _OUT = ", ".join(OUT_COLUMNS)
 
@@ -92,6 +93,7 @@ class OutboxRow:
     resp_body: bytes | None
     confirm_url: str | None
     headers: str | None  # the sender's own request headers, JSON
+    status_url: str | None  # an accepted job: where the receiver tells how it went
 
 
 @dataclass(frozen=True)
@@ -235,12 +237,16 @@ def mark_delivered(
     content_type: str | None,
     body: bytes | None,
     confirm_url: str | None,
+    status_url: str | None = None,
+    check_at: float | None = None,
 ) -> bool:
-    """Tombstone: the row is never sent again. Keeps the response; schedules the DELETE."""
+    """Tombstone: the row is never sent again. Keeps the response; schedules the DELETE
+    (or, for an accepted job with a ``status_url``, a status check at ``check_at``)."""
     return (
         tx.rowcount(
             "UPDATE homing_http_outbox SET state = ?, status = ?, resp_content_type = ?, "
-            "resp_body = ?, confirm_url = ?, next_attempt_at = ?, claim_token = NULL, "
+            "resp_body = ?, confirm_url = ?, status_url = ?, next_attempt_at = ?, "
+            "claim_token = NULL, "
             "claimed_until = NULL, attempts = attempts + 1, "
             "finished_at = CASE WHEN ? = 'delivered' THEN ? ELSE finished_at END "
             "WHERE id = ? AND claim_token = ? AND state = 'pending'",
@@ -250,7 +256,8 @@ def mark_delivered(
                 content_type,
                 body,
                 confirm_url,
-                now if confirm_url else None,
+                status_url,
+                now if confirm_url else check_at,
                 state,
                 now,
                 msg_id,
@@ -259,6 +266,24 @@ def mark_delivered(
         )
         == 1
     )
+
+
+def check_later(tx: Tx, msg_id: str, token: str, *, at: float) -> None:
+    """An accepted job is still running (or its state is unknown): look again at ``at``."""
+    tx.execute(
+        "UPDATE homing_http_outbox SET next_attempt_at = ?, claim_token = NULL, "
+        "claimed_until = NULL WHERE id = ? AND claim_token = ? AND state = 'accepted'",
+        (at, msg_id, token),
+    )
+
+
+def reply_for(tx: Tx, job_id: str) -> OutboxRow | None:
+    """The result message this receiver made for the job ``job_id`` (None: not yet)."""
+    values = tx.query_one(
+        f"SELECT {_OUT} FROM homing_http_outbox WHERE in_reply_to = ? AND kind = 'reply'",
+        (job_id,),
+    )
+    return _out(values) if values is not None else None
 
 
 def mark_retry(tx: Tx, msg_id: str, token: str, *, at: float, error: str) -> bool:

@@ -88,7 +88,12 @@ _V2 = (
 
 #: v3: endpoints that are failing (since when) or disabled by the disable-after rule. A row
 #: exists only while its endpoint fails: a delivery that succeeds deletes it (bounded).
+#: An accepted job keeps the receiver's status URL, so the sender can fetch a result that
+#: could not be delivered to it; job results are found by the job's id.
 _V3 = (
+    "ALTER TABLE homing_http_outbox ADD COLUMN status_url TEXT",
+    "CREATE INDEX homing_http_outbox_reply ON homing_http_outbox (in_reply_to) "
+    "WHERE in_reply_to IS NOT NULL",
     """CREATE TABLE homing_http_endpoints (
         endpoint TEXT PRIMARY KEY,
         failing_since {real} NOT NULL,
