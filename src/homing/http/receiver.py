@@ -20,7 +20,6 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from starlette.applications import Starlette
@@ -34,9 +33,10 @@ from homing._failpoints import failpoint
 from homing.database import Database
 from homing.errors import InvalidArgument
 from homing.http import _ingress, standard, wire
-from homing.http._group import GroupCommit, write_lock
+from homing.http._group import GroupCommit
 from homing.http._inbox import Answer, Handler, Inbox, Refused, stored_answer
 from homing.http._replies import job_status, store_reply
+from homing.http._worker import InboxWorker, gc
 from homing.http.dispatcher import Dispatcher, notify_changed
 from homing.http.errors import UnsafeURL
 from homing.http.policy import DEFAULT_ABSURD_AFTER_S, RetryPolicy
@@ -49,7 +49,6 @@ __all__ = ["Handler", "Receiver", "gc"]
 DEFAULT_RETENTION_S = 7 * 24 * 3600.0
 DEFAULT_MAX_BODY = 1024 * 1024
 INTERNAL = "/_homing"
-_BATCH = 32  # Option-2/job messages handled per transaction by one inbox worker
 
 
 _error = _ingress.problem
@@ -120,12 +119,6 @@ class Receiver:
         self._groups: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, GroupCommit] = (
             weakref.WeakKeyDictionary()
         )
-        self._running: set[str] = set()
-        self._running_lock = threading.Lock()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._pool: ThreadPoolExecutor | None = None
         self._start_lock = threading.Lock()
         self._dispatch = dispatch
         self._dispatcher_options = dict(dispatcher_options or {})
@@ -143,6 +136,7 @@ class Receiver:
             stats=self.stats,
             on_reply=self._wake_dispatcher,
         )
+        self._worker = InboxWorker(db, self.inbox, workers=workers, retention=self.retention)
         self.app = Starlette(
             routes=[
                 Route(INTERNAL + "/info", self._info, methods=["GET"]),
@@ -194,28 +188,16 @@ class Receiver:
         """Start the worker that handles Option 2 and job messages (idempotent).
         Also started on the first request, so mounting the app in another one works."""
         with self._start_lock:
-            if self._thread is not None:
+            if self._worker.started:
                 return self
-            self._stop.clear()
-            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="homing-in")
-            self._thread = threading.Thread(
-                target=self._work_loop, name="homing-http-inbox", daemon=True
-            )
-            self._thread.start()
+            self._worker.start()
             if self._dispatch and self.dispatcher is None:
                 self.dispatcher = Dispatcher(self.db, **self._dispatcher_options).start()
         return self
 
     def stop(self) -> None:
         with self._start_lock:
-            self._stop.set()
-            self._wake.set()
-            if self._thread is not None:
-                self._thread.join(10)
-                self._thread = None
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-                self._pool = None
+            self._worker.stop()
             if self.dispatcher is not None:
                 self.dispatcher.stop()
                 self.dispatcher = None
@@ -302,7 +284,7 @@ class Receiver:
         return path or "/"
 
     async def _receive(self, request: Request) -> Response:
-        if self._thread is None:
+        if not self._worker.started:
             await run_in_threadpool(self.start)
         try:
             return await self._receive_checked(request)
@@ -364,7 +346,7 @@ class Receiver:
             self.stats["received"] += 1
             failpoint("http.receiver.after_inbox_insert")
             if mode != "put":
-                self._wake.set()
+                self._worker.wake()
         else:
             self.stats["duplicates"] += 1
             if existing.body_hash != digest or existing.mode != mode:
@@ -404,11 +386,9 @@ class Receiver:
         store: Callable[[Tx], q.InboxRow | None],
     ) -> Response:
         """Option 1: store and handle in one transaction (a repeat replays the response)."""
-        with self._running_lock:
-            busy = msg_id in self._running
-            if not busy:
-                self._running.add(msg_id)
-        if busy:  # a request with this id is being served: replay if it is already done
+        if not self._worker.claim(
+            msg_id
+        ):  # a request with this id is being served: replay if it is already done
             row = await run_in_threadpool(self._read, msg_id)
             if row is None or row.state == "received":
                 return self._in_progress(msg_id)
@@ -419,8 +399,7 @@ class Receiver:
         try:
             answer = await run_in_threadpool(self.inbox.handle, msg_id, False, store, digest)
         finally:
-            with self._running_lock:
-                self._running.discard(msg_id)
+            self._worker.release([msg_id])
         if answer is None:
             return self._in_progress(msg_id)
         failpoint("http.receiver.after_commit_before_response")
@@ -497,48 +476,3 @@ class Receiver:
             failpoint("http.receiver.after_inbox_insert")
             notify_changed(job_id)
         return Response(status_code=204, headers=self._headers())
-
-    # -- the background worker -------------------------------------------------------------
-    def _work_loop(self) -> None:
-        last_gc = time.monotonic()
-        while not self._stop.is_set():
-            try:
-                with self.db.store.transaction(write=False) as tx:
-                    due = q.due_incoming(tx, now=self.db.clock.now(), limit=self.workers * _BATCH)
-            except Exception as exc:
-                log.warning("inbox poll failed: %s", exc)
-                due = []
-            for msg_id in list(due):
-                with self._running_lock:
-                    if msg_id in self._running:
-                        due.remove(msg_id)
-                    else:
-                        self._running.add(msg_id)
-            assert self._pool is not None
-            chunks = [due[i :: self.workers] for i in range(self.workers)]
-            futures = [self._pool.submit(self._background, chunk) for chunk in chunks if chunk]
-            for f in futures:
-                f.result()
-            if not due:
-                self._wake.wait(0.1)
-                self._wake.clear()
-            if time.monotonic() - last_gc > 600:
-                last_gc = time.monotonic()
-                try:
-                    gc(self.db, older_than=self.retention)
-                except Exception as exc:
-                    log.warning("inbox gc failed: %s", exc)
-
-    def _background(self, msg_ids: list[str]) -> None:
-        try:
-            self.inbox.background(msg_ids, self._stop.wait)
-        finally:
-            with self._running_lock:
-                self._running.difference_update(msg_ids)
-
-
-def gc(db: Database, *, older_than: float) -> tuple[int, int]:
-    """Forget delivered outbox rows and handled inbox ids older than ``older_than`` seconds.
-    Returns (outbox rows, inbox rows) deleted. Run it with the inbox retention period."""
-    with write_lock(db.store), db.store.transaction() as tx:
-        return q.gc(tx, before=db.clock.now() - older_than)
