@@ -29,6 +29,7 @@ from homing.http.testing import serve_in_thread
 FAST = RetryPolicy(initial=0.01, maximum=0.05)
 SECRET = "whsec_" + base64.b64encode(b"a shared secret of 32 bytes long").decode()
 OLD_SECRET = "whsec_" + base64.b64encode(b"the key before the last rotation").decode()
+WRONG = "whsec_" + base64.b64encode(b"a secret nobody shared with them").decode()
 PROBLEM = "application/problem+json"
 
 
@@ -247,3 +248,21 @@ def test_homing_receiver_takes_what_the_reference_library_signs(api: Api) -> Non
     assert unsigned.status_code == 401
     time.sleep(0.2)  # a second handling of the replays would show up now
     assert api.effects("invoice") == ['{"webhook": "invoice.paid"}']
+
+
+def test_homing_to_homing_over_standard_webhooks(api: Api, stores: Any) -> None:
+    """A homing sender signing only with Standard Webhooks (besides its own headers) is
+    taken by a homing receiver that verifies Standard Webhooks: one effect per message."""
+    sdb = homing.connect(stores.url("hook_sender"))
+    assert isinstance(sdb, homing.Database)
+    try:
+        with Sender(sdb, retry=FAST, webhook_signing={"*": [SECRET]}) as sender:
+            assert sender.send(api.hooks_base + "/charges", {"via": "standard"}) is None
+        # (one dispatcher at a time on this outbox: each signs with its own secret)
+        with Sender(sdb, retry=FAST, webhook_signing={"*": [WRONG]}) as bad:
+            with pytest.raises(homing.http.MessageFailed) as info:
+                bad.send(api.hooks_base + "/charges", {"via": "forged"})
+            assert info.value.status == 401
+    finally:
+        sdb.close()
+    assert eventually(lambda: api.effects("via")) == ['{"via": "standard"}']

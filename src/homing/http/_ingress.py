@@ -133,8 +133,10 @@ def identify(
     so such a request is taken as a webhook: its id, Option 2)."""
     headers = header_map(request)
     msg_id = headers.get(wire.MESSAGE_ID)
+    # a Standard Webhooks delivery, unless a homing signature this receiver checks is there
     webhook = standard.WEBHOOK_ID in headers and (
-        msg_id is None or (bool(webhook_secrets) and wire.SIGNATURE not in headers)
+        msg_id is None
+        or (bool(webhook_secrets) and (wire.SIGNATURE not in headers or secrets is None))
     )
     if webhook:  # homing's own headers are not signed by a Standard Webhooks signature
         return _identify_webhook(headers, body, secrets, webhook_secrets, tolerance)
