@@ -266,3 +266,33 @@ def test_homing_to_homing_over_standard_webhooks(api: Api, stores: Any) -> None:
     finally:
         sdb.close()
     assert eventually(lambda: api.effects("via")) == ['{"via": "standard"}']
+
+
+def test_a_retry_racing_the_first_in_another_process_has_one_effect(api: Api) -> None:
+    """Two receivers on one store (two processes of one service): a retry that reaches the
+    other one while the first request runs gets 409 on PostgreSQL (an advisory lock) and
+    waits for the store's single writer on SQLite, then replays; one effect either way."""
+    other = Receiver(api.db, handler_retry=FAST, dispatch=False)
+    other.add_node("/charges", lambda body, tx: {"not": "this one"})
+    key = {"Idempotency-Key": '"two-processes"'}
+    body = b'{"block": 1, "n": "two"}'
+    results: list[httpx.Response] = []
+    with serve_in_thread(other.app) as other_base:
+        first = threading.Thread(target=lambda: results.append(post(api.base, body, **key)))
+        first.start()
+        assert api.started.wait(30)
+        racing: list[httpx.Response] = []
+        second = threading.Thread(target=lambda: racing.append(post(other_base, body, **key)))
+        second.start()
+        if api.db.dialect == "postgres":
+            second.join(60)
+            assert racing[0].status_code == 409 and racing[0].json()["status"] == 409
+        api.release.set()
+        first.join(60)
+        second.join(60)
+        again = post(other_base, body, **key)
+    assert [r.status_code for r in results] == [200] and again.status_code == 200
+    assert again.json() == results[0].json() == {"charged": {"block": 1, "n": "two"}}
+    if api.db.dialect == "sqlite":
+        assert racing[0].status_code == 200 and racing[0].json() == results[0].json()
+    assert api.effects('"two"') == ['{"block": 1, "n": "two"}'] and len(api.calls) == 1

@@ -109,6 +109,8 @@ class Inbox:
         another body is refused with 422 and changes nothing."""
         with write_lock(self.db.store), self.db.transaction() as t:
             if store is not None:
+                if not q.try_lock_message(t.tx, msg_id):
+                    return None  # another process is serving this id now: 409
                 existing = store(t.tx)
                 if existing is not None and (
                     existing.body_hash != digest or existing.mode != "put"

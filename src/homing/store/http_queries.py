@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -408,6 +409,18 @@ def insert_incoming(
 def incoming(tx: Tx, msg_id: str) -> InboxRow | None:
     values = tx.query_one(f"SELECT {_IN} FROM homing_http_inbox WHERE id = ?", (msg_id,))
     return _in(values) if values is not None else None
+
+
+def try_lock_message(tx: Tx, msg_id: str) -> bool:
+    """Take the message's lock for this transaction; False if another transaction holds
+    it (PostgreSQL: an advisory lock, so that a retry racing the first request is told
+    409 at once instead of waiting for it). SQLite's one writer serialises by itself."""
+    if tx.dialect != "postgres":
+        return True
+    key = int.from_bytes(hashlib.sha256(b"homing-http:" + msg_id.encode()).digest()[:8], "big")
+    key -= 1 << 63  # a signed 64-bit key
+    row = tx.query_one("SELECT pg_try_advisory_xact_lock(?)", (key,))
+    return bool(row and row[0])
 
 
 def lock_incoming(tx: Tx, msg_id: str) -> tuple[bool, InboxRow | None]:
