@@ -142,9 +142,12 @@ def test_failed_deliveries_are_listed_and_redriven_under_their_own_id(ends: Ends
             tx.tx.execute("INSERT INTO effects (k) VALUES (?)", (json.dumps(body),))
 
         ends.receiver.add_node("/later", later)
-        out = CliRunner().invoke(
-            cli, ["--db", str(ends.sdb.url), "http", "redrive-failed", "--all"]
-        )
+        runner = CliRunner()
+        out = runner.invoke(cli, ["--db", str(ends.sdb.url), "http", "failed"])
+        assert out.exit_code == 0 and info.value.msg_id in out.output and "404" in out.output
+        out = runner.invoke(cli, ["--db", str(ends.sdb.url), "http", "redrive-failed"])
+        assert out.exit_code == 2 and "--all" in out.output  # ids or --all, never by accident
+        out = runner.invoke(cli, ["--db", str(ends.sdb.url), "http", "redrive-failed", "--all"])
         assert out.exit_code == 0 and "redriven: 1" in out.output, out.output
         assert sender.wait(info.value.msg_id, timeout=30) is None
         assert eventually(lambda: ends.effects("late")) == ['{"late": 1}']
