@@ -133,3 +133,22 @@ def test_an_endpoint_failing_for_days_is_disabled_then_enabled_and_redriven(
         assert admin.redrive_failed(db) == 2
         assert first.wait(timeout=30) is None and second.wait(timeout=30) is None
         assert admin.endpoints(db) == [] and admin.failed_deliveries(db) == []
+
+
+def test_per_endpoint_state_in_memory_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from homing.http import _endpoints
+
+    monkeypatch.setattr(_endpoints, "MAX_TRACKED", 8)
+    eps = _endpoints.Endpoints({"*": EndpointLimit(rate=1000.0, concurrency=2)}, 8, None)
+
+    async def main() -> None:
+        busy = eps.slot("http://busy.example/x")
+        async with busy:  # in use: never forgotten
+            for i in range(100):
+                async with eps.slot(f"http://h{i}.example/x"):
+                    pass
+                assert eps.wait(f"http://h{i}.example/x") == 0.0
+            assert eps.slot("http://busy.example/x") is busy
+        assert len(eps._slots) <= 8
+
+    asyncio.run(main())

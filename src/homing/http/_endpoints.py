@@ -86,6 +86,30 @@ class _Bucket:
         return (1 - self.tokens) / self.rate
 
 
+#: Endpoints tracked in memory before idle ones are forgotten (bounded with many origins).
+MAX_TRACKED = 4096
+
+
+class Slot:
+    """A concurrency slot of one endpoint; counts its users so an idle one can be dropped."""
+
+    def __init__(self, n: int) -> None:
+        self.sem = asyncio.Semaphore(n)
+        self.users = 0
+
+    async def __aenter__(self) -> None:
+        self.users += 1
+        try:
+            await self.sem.acquire()
+        except BaseException:
+            self.users -= 1
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.sem.release()
+        self.users -= 1
+
+
 class Endpoints:
     """Lives on the dispatcher's event loop (no locks: one thread)."""
 
@@ -99,7 +123,7 @@ class Endpoints:
         self.per_destination = per_destination
         self.disable_after = disable_after
         self.disabled: dict[str, str] = {}
-        self._sems: dict[str, asyncio.Semaphore] = {}
+        self._slots: dict[str, Slot] = {}
         self._buckets: dict[str, _Bucket] = {}
 
     def _limit(self, url: str) -> tuple[str, EndpointLimit | None]:
@@ -109,13 +133,15 @@ class Endpoints:
                 return (origin(url) if key == "*" else key), self.limits[key]
         return origin(url), None
 
-    def slot(self, url: str) -> asyncio.Semaphore:
+    def slot(self, url: str) -> Slot:
         key, limit = self._limit(url)
-        sem = self._sems.get(key)
-        if sem is None:
+        slot = self._slots.get(key)
+        if slot is None:
+            if len(self._slots) >= MAX_TRACKED:
+                self._slots = {k: v for k, v in self._slots.items() if v.users}
             n = limit.concurrency if limit and limit.concurrency else self.per_destination
-            sem = self._sems[key] = asyncio.Semaphore(n)
-        return sem
+            slot = self._slots[key] = Slot(n)
+        return slot
 
     def wait(self, url: str) -> float:
         """Seconds to wait before a request to ``url`` (0: go, a token was taken)."""
@@ -124,6 +150,9 @@ class Endpoints:
             return 0.0
         bucket = self._buckets.get(key)
         if bucket is None:
+            if len(self._buckets) >= MAX_TRACKED:  # forget buckets idle for a minute
+                now = time.monotonic()
+                self._buckets = {k: b for k, b in self._buckets.items() if now - b.at < 60}
             bucket = self._buckets[key] = _Bucket(limit.rate, limit.burst)
         return bucket.take()
 

@@ -30,6 +30,7 @@ from homing.errors import InvalidArgument
 from homing.http import _followups, standard, wire
 from homing.http._endpoints import (
     Endpoints,
+    Slot,
     alive,
     endpoint_key,
     for_endpoint,
@@ -262,9 +263,7 @@ class Dispatcher:
                 tx, now=now, until=now + self.claim_lease, token=token, limit=min(limit, 64)
             )
 
-    async def _one(
-        self, client: Clients, sem: asyncio.Semaphore, row: q.OutboxRow, token: str
-    ) -> None:
+    async def _one(self, client: Clients, sem: Slot, row: q.OutboxRow, token: str) -> None:
         async with sem:
             try:
                 if row.state == "pending":
