@@ -128,6 +128,26 @@ def test_a_handler_failing_every_attempt_leaves_a_redrivable_dead_letter(ends: E
         assert admin.purge_dead_letters(ends.rdb) == 1 and admin.dead_letters(ends.rdb) == []
 
 
+def test_a_put_that_failed_for_good_is_redriven_on_both_sides(ends: Ends) -> None:
+    """Option 1: after its last attempt the caller gets 501 (MessageFailed) and the request
+    stays a dead letter; redriven on the receiver it is handled once, and the sender's
+    redrive (same id) then gets the stored answer."""
+    body = {"put_outage": 1}
+    ends.broken.add(json.dumps(body))
+    with ends.sender() as sender:
+        with pytest.raises(MessageFailed) as info:
+            sender.put(ends.base + "/effect", body)
+        assert info.value.status == 501 and ends.calls[json.dumps(body)] == 3
+        (dead,) = admin.dead_letters(ends.rdb)
+        assert dead.id == info.value.msg_id and dead.mode == "put"
+        ends.broken.clear()
+        assert admin.redrive(ends.rdb, [dead.id]) == 1
+        assert eventually(lambda: ends.effects("put_outage"))
+        assert admin.redrive_failed(ends.sdb, [info.value.msg_id]) == 1
+        assert sender.wait(info.value.msg_id, timeout=30) == {"echo": body}
+    assert ends.effects("put_outage") == [json.dumps(body)] and ends.calls[json.dumps(body)] == 4
+
+
 def test_failed_deliveries_are_listed_and_redriven_under_their_own_id(ends: Ends) -> None:
     with ends.sender() as sender:
         with pytest.raises(MessageFailed) as info:
