@@ -299,7 +299,9 @@ def test_signed_requests(pair: Pair) -> None:
         r = httpx.post(base + "/n", content=b"{}", headers={wire.MESSAGE_ID: homing.uuid7()})
         assert r.status_code == 401 and "not signed" in r.json()["error"]
         msg_id = homing.uuid7()
-        old = wire.sign("peer1", b"s3cret", "POST", "/n", msg_id, b"{}", time.time() - 3600)
+        old = wire.sign(
+            "peer1", b"s3cret", "POST", "/n", {wire.MESSAGE_ID: msg_id}, b"{}", time.time() - 3600
+        )
         r = httpx.post(
             base + "/n", content=b"{}", headers={wire.MESSAGE_ID: msg_id, wire.SIGNATURE: old}
         )

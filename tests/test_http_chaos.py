@@ -3,7 +3,9 @@
 The sender and the receiver run as real processes (uvicorn, httpx). Failpoints SIGKILL
 them at the risky steps; a small asyncio TCP proxy drops requests, drops responses (the
 lost ack), duplicates requests, delays them and resets connections mid-body. After a
-restart and a drain the checker demands lost = 0, duplicated = 0, unexpected = 0.
+restart and a drain the checker demands lost = 0, duplicated = 0, unexpected = 0. The
+receiver's handler also fails once for every 7th message after writing its effect (a
+flaky dependency): that write must be undone and the failure recorded, never doubled.
 
 This file is also the entry point of those processes: ``python test_http_chaos.py
 receiver|sender ...``.
@@ -63,9 +65,15 @@ def run_receiver(store_url: str, port: int) -> None:
         },
     )
 
+    failed_once: set[int] = set()
+
     @receiver.node("/effect")
     def effect(body: Any, tx: homing.Transaction) -> Any:
-        tx.tx.execute("INSERT INTO effects (k) VALUES (?)", (int(body["k"]),))
+        k = int(body["k"])
+        tx.tx.execute("INSERT INTO effects (k) VALUES (?)", (k,))
+        if k % 7 == 0 and k not in failed_once:  # a flaky dependency: the write is undone
+            failed_once.add(k)
+            raise RuntimeError(f"the dependency failed for {k}")
         return {"k": body["k"], "done": True}
 
     sock = socket.socket()

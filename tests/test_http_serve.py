@@ -44,6 +44,10 @@ def test_homing_serve_receives_and_drains_the_outbox(stores: Any) -> None:
             "examples.http_orders:setup",
             "--allow-host",
             "127.0.0.1",
+            "--secret",
+            "old=a-retired-secret-of-20",
+            "--secret",  # rotation: both verify, the first one signs what serve sends
+            "new=0123456789abcdef-new",
         ],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
@@ -60,7 +64,14 @@ def test_homing_serve_receives_and_drains_the_outbox(stores: Any) -> None:
             except httpx.HTTPError:
                 assert time.monotonic() < deadline, "homing serve did not start"
                 time.sleep(0.1)
-        assert info["nodes"] == ["/reserve"]
+        assert info["nodes"] == ["/reserve"] and info["signed"] is True
+        unsigned = httpx.post(
+            base + "/reserve",
+            content=b'{"sku": "x", "qty": 1}',
+            headers={"homing-message-id": homing.uuid7(), "content-type": "application/json"},
+        )
+        assert unsigned.status_code == 401 and "not signed" in unsigned.json()["detail"]
+        assert httpx.delete(f"{base}/_homing/inbox/{homing.uuid7()}").status_code == 401
         db = homing.connect(url)
         assert isinstance(db, homing.Database)
         try:
@@ -105,6 +116,10 @@ def test_serve_refuses_bad_flags(tmp_path: Path) -> None:
     assert result.exit_code != 0 and "/path=module:function" in result.output
     result = runner.invoke(cli, ["--db", url, "serve", "--setup", "nosuchmodule_xyz:f"])
     assert result.exit_code != 0 and "cannot import" in result.output
+    result = runner.invoke(cli, ["--db", url, "serve", "--secret", "no-equals"])
+    assert result.exit_code != 0 and "KEYID=SECRET" in result.output
+    result = runner.invoke(cli, ["--db", url, "serve", "--secret", "k=short"])
+    assert result.exit_code != 0 and "16 characters" in result.output
 
 
 def test_the_example_runs() -> None:

@@ -21,6 +21,7 @@ PLUGINS: dict[str, str] = {
     "worker": "homing.worker.cli:worker",
     "queues": "homing.engine.cli:queues",
     "serve": "homing.serve:serve",
+    "http": "homing.http.cli:http",
     "messenger": "homing.messenger.cli:messenger",
     "sessions": "homing.sessions.cli:sessions",
     "pipeline": "homing.pipeline.cli:pipeline",

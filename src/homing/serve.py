@@ -39,6 +39,19 @@ def _load(target: str, what: str) -> Callable[..., Any]:
     return fn
 
 
+def parse_secrets(specs: tuple[str, ...]) -> list[tuple[str, bytes]]:
+    """``KEYID=SECRET`` options as (key id, secret bytes), in the order given."""
+    keys: list[tuple[str, bytes]] = []
+    for spec in specs:
+        key_id, sep, secret = spec.partition("=")
+        if not sep or not key_id or not secret or "," in key_id:
+            raise click.BadParameter(f"--secret must look like KEYID=SECRET, got {spec[:20]!r}...")
+        if len(secret) < 16:
+            raise click.BadParameter(f"--secret {key_id}: use at least 16 characters of secret")
+        keys.append((key_id, secret.encode()))
+    return keys
+
+
 def build_app(receiver: Receiver, db: Database) -> Any:
     """The receiver at ``/``, and the sessions API at ``/sessions`` if that part exists."""
     from starlette.applications import Starlette
@@ -88,6 +101,24 @@ def build_app(receiver: Receiver, db: Database) -> Any:
     help="Seconds message ids are remembered (published to senders).",
 )
 @click.option("--no-dispatch", is_flag=True, help="Do not drain the outbox in this process.")
+@click.option(
+    "--secret",
+    "secrets",
+    multiple=True,
+    envvar="HOMING_HTTP_SECRET",
+    metavar="KEYID=SECRET",
+    help="Require Homing-Signature with this shared secret on every request, and sign what "
+    "this process sends. Repeat to rotate keys: all verify, the first signs. "
+    "Env (space-separated): HOMING_HTTP_SECRET.",
+)
+@click.option(
+    "--webhook-secret",
+    "webhook_secrets",
+    multiple=True,
+    envvar="HOMING_WEBHOOK_SECRET",
+    metavar="whsec_...",
+    help="Accept Standard Webhooks signed with this secret (repeat while rotating).",
+)
 @click.pass_context
 def serve(
     ctx: click.Context,
@@ -99,6 +130,8 @@ def serve(
     max_body: int,
     retention: float,
     no_dispatch: bool,
+    secrets: tuple[str, ...],
+    webhook_secrets: tuple[str, ...],
 ) -> None:
     """Serve reliable HTTP nodes and drain the outbox (seed 000)."""
     import uvicorn
@@ -109,12 +142,16 @@ def serve(
         raise ConfigurationError("homing serve works on one store, not a sharded list of URLs")
     receiver: Receiver | None = None
     try:
+        keys = parse_secrets(secrets)
         receiver = Receiver(
             db,
             allowed_hosts=allowed_hosts,
             max_body=max_body,
             retention=retention,
             dispatch=not no_dispatch,
+            secrets=dict(keys) if keys else None,
+            webhook_secrets=list(webhook_secrets) or None,
+            dispatcher_options={"signing": {"*": keys[0]}} if keys else None,
         )
         for spec in nodes:
             path, sep, target = spec.partition("=")

@@ -8,7 +8,7 @@ handler in the transaction that marks the message done.
 
 from homing.http.dispatcher import Dispatcher
 from homing.http.errors import DeadlineExceeded, MessageFailed, UnsafeURL
-from homing.http.policy import DEFAULT_FATAL_STATUSES, RetryPolicy
+from homing.http.policy import DEFAULT_FATAL_STATUSES, WEBHOOK_SCHEDULE, EndpointLimit, RetryPolicy
 from homing.http.receiver import Handler, Receiver, gc
 from homing.http.sender import AsyncSender, Pending, Response, Sender
 from homing.http.wire import BadJSON
@@ -18,6 +18,7 @@ __all__ = [
     "AsyncSender",
     "BadJSON",
     "DeadlineExceeded",
+    "EndpointLimit",
     "Dispatcher",
     "Handler",
     "MessageFailed",
@@ -27,5 +28,6 @@ __all__ = [
     "RetryPolicy",
     "Sender",
     "UnsafeURL",
+    "WEBHOOK_SCHEDULE",
     "gc",
 ]

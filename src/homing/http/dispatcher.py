@@ -12,14 +12,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import json
 import logging
 import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple, TypeVar
 
 import httpx
 
@@ -27,9 +27,21 @@ from homing import ids
 from homing._failpoints import failpoint
 from homing.database import Database
 from homing.errors import InvalidArgument
-from homing.http import wire
+from homing.http import _followups, standard, wire
+from homing.http._endpoints import (
+    Endpoints,
+    Slot,
+    alive,
+    endpoint_key,
+    for_endpoint,
+    origin,
+    retry_after_seconds,
+    target,
+)
 from homing.http._group import GroupCommit, write_lock
-from homing.http.policy import DEFAULT_FATAL_STATUSES, RetryPolicy, is_fatal
+from homing.http._netguard import RefusedAddress, guarded_transport
+from homing.http._waiters import notify_changed
+from homing.http.policy import DEFAULT_FATAL_STATUSES, EndpointLimit, RetryPolicy, is_fatal
 from homing.store import http_queries as q
 from homing.store.protocol import Tx
 
@@ -39,66 +51,9 @@ T = TypeVar("T")
 DEADLINE_PREFIX = "the absurd deadline passed"
 
 
-class _Waiters:
-    """Callbacks of callers waiting for one message's outcome in this process."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._by_id: dict[str, list[Callable[[], None]]] = {}
-
-    def add(self, msg_id: str, fn: Callable[[], None]) -> None:
-        with self._lock:
-            self._by_id.setdefault(msg_id, []).append(fn)
-
-    def remove(self, msg_id: str, fn: Callable[[], None]) -> None:
-        with self._lock:
-            fns = self._by_id.get(msg_id, [])
-            if fn in fns:
-                fns.remove(fn)
-            if not fns:
-                self._by_id.pop(msg_id, None)
-
-    def fire(self, msg_id: str) -> None:
-        with self._lock:
-            fns = list(self._by_id.get(msg_id, ()))
-        for fn in fns:
-            try:
-                fn()
-            except RuntimeError:  # the waiter's event loop closed meanwhile
-                pass
-
-
-#: Wakes the waiters of a message when a dispatcher or reply node in this process records
-#: its outcome; waiters also poll the store, for outcomes recorded by other processes.
-waiters = _Waiters()
-
-
-def notify_changed(msg_id: str) -> None:
-    waiters.fire(msg_id)
-
-
-def _origin(url: str) -> str:
-    p = urlsplit(url)
-    return f"{p.scheme}://{p.netloc}".lower()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _retry_after(value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        return None
+class Clients(NamedTuple):
+    trusted: httpx.AsyncClient  # destinations the application chose itself
+    guarded: httpx.AsyncClient  # URLs a peer gave us: addresses checked and pinned
 
 
 class Dispatcher:
@@ -108,7 +63,18 @@ class Dispatcher:
     ``max_in_flight`` bounds them overall. ``fatal_statuses`` end a message with an error
     (501 and the 4xx no retry can fix by default). ``allowed_hosts`` lists hosts that a
     confirmation URL may point at although they are private (tests run on 127.0.0.1).
-    ``signing`` maps an origin (or ``"*"``) to ``(key id, secret)`` for HMAC signatures.
+    ``signing`` maps an endpoint (a full URL, an origin, or ``"*"``; the most specific
+    wins) to ``(key id, secret)`` for HMAC signatures (``Homing-Signature``; the
+    confirmation ``DELETE`` is signed too). ``webhook_signing`` maps endpoints the same way
+    to Standard Webhooks secrets (``whsec_...``; several while rotating keys).
+    ``limits`` maps endpoints the same way to an ``EndpointLimit`` (rate, concurrency).
+    ``disable_after``: seconds an endpoint may fail without one success before it is
+    disabled (its messages then fail at once, kept for a redrive; ``homing http enable``).
+    ``job_check``: seconds after a job's 202 before asking the receiver how it went (then
+    less and less often); a result the receiver could not deliver is fetched that way.
+    URLs a peer gave us (job results' response URLs, confirmation URLs on another origin)
+    are called through a client that checks and pins the address at connect time;
+    ``resolver`` (host, port) -> addresses replaces the system's for that check.
     """
 
     def __init__(
@@ -123,6 +89,11 @@ class Dispatcher:
         allowed_hosts: Iterable[str] = (),
         signing: Mapping[str, tuple[str, bytes]] | None = None,
         idle_poll: float = 0.25,
+        resolver: wire.Resolver | None = None,
+        webhook_signing: Mapping[str, Sequence[str | bytes]] | None = None,
+        limits: Mapping[str, EndpointLimit] | None = None,
+        disable_after: float | None = None,
+        job_check: float = 30.0,
     ) -> None:
         if per_destination < 1 or max_in_flight < 1:
             raise InvalidArgument("per_destination and max_in_flight must be at least 1")
@@ -137,6 +108,17 @@ class Dispatcher:
         self.allowed_hosts = tuple(allowed_hosts)
         self.signing = dict(signing or {})
         self.idle_poll = idle_poll
+        self.resolver = resolver
+        if disable_after is not None and disable_after <= 0:
+            raise InvalidArgument(f"disable_after must be > 0 seconds, got {disable_after}")
+        self.endpoints = Endpoints(limits or {}, per_destination, disable_after)
+        if job_check <= 0:
+            raise InvalidArgument(f"job_check must be > 0 seconds, got {job_check}")
+        self.job_check = job_check
+        self.webhook_signing = {k: list(v) for k, v in (webhook_signing or {}).items()}
+        for secrets in self.webhook_signing.values():
+            for secret in secrets:
+                standard.secret_key(secret)  # a malformed secret fails here, not per request
         self.claim_lease = request_timeout + 10.0
         self.stats = {"attempts": 0, "delivered": 0, "retries": 0, "failed": 0, "deletes": 0}
         self._thread: threading.Thread | None = None
@@ -202,16 +184,30 @@ class Dispatcher:
             max_connections=self.max_in_flight, max_keepalive_connections=self.max_in_flight
         )
         self._group = GroupCommit(self.db.store, self._db)
-        sems: dict[str, asyncio.Semaphore] = {}
         in_flight: set[asyncio.Task[None]] = set()
         token = f"{socket.gethostname()}:{os.getpid()}:{ids.uuid7()}"
         try:
             await self._db(self._release_dead_claims)
         except Exception as exc:
             log.warning("could not release the claims of dead dispatchers: %s", exc)
-        async with httpx.AsyncClient(limits=limits, timeout=self.request_timeout) as client:
+        guarded = httpx.AsyncClient(
+            transport=guarded_transport(limits, self.allowed_hosts, self.resolver),
+            timeout=self.request_timeout,
+        )
+        async with (
+            httpx.AsyncClient(limits=limits, timeout=self.request_timeout) as trusted,
+            guarded,
+        ):
+            client = Clients(trusted, guarded)
             delay = 0.005
+            refreshed = 0.0
             while not self._stopping:
+                if self.endpoints.disable_after and time.monotonic() - refreshed > 2.0:
+                    refreshed = time.monotonic()
+                    try:
+                        self.endpoints.disabled = await self._db(self._read_disabled)
+                    except Exception as exc:
+                        log.warning("reading disabled endpoints failed: %s", exc)
                 free = self.max_in_flight - len(in_flight)
                 rows: list[q.OutboxRow] = []
                 if free > 0:
@@ -221,11 +217,8 @@ class Dispatcher:
                         log.warning("outbox claim failed: %s", exc)
                         rows = []
                 for row in rows:
-                    sem = sems.setdefault(
-                        _origin(row.confirm_url or row.url)
-                        if row.state != "pending"
-                        else _origin(row.url),
-                        asyncio.Semaphore(self.per_destination),
+                    sem = self.endpoints.slot(
+                        (row.confirm_url or row.url) if row.state != "pending" else row.url
                     )
                     task = asyncio.create_task(self._one(client, sem, row, token))
                     in_flight.add(task)
@@ -243,6 +236,14 @@ class Dispatcher:
             for task in list(in_flight):
                 task.cancel()
             await asyncio.gather(*in_flight, return_exceptions=True)
+        try:  # a graceful stop hands its claimed rows to the next dispatcher at once
+            await self._db(self._release_claims, token)
+        except Exception as exc:  # the store is closing: the claims expire with their lease
+            log.info("could not release this dispatcher's claims: %s", exc)
+
+    def _release_claims(self, token: str) -> None:
+        with self.db.store.transaction() as tx:
+            q.release_claims(tx, token)
 
     def _release_dead_claims(self) -> None:
         """Rows claimed by a dispatcher on this host whose process is gone are due at once
@@ -252,7 +253,7 @@ class Dispatcher:
             for token in q.live_claims(tx, now=self.db.clock.now()):
                 t_host, _, rest = token.partition(":")
                 pid = rest.split(":", 1)[0]
-                if t_host == host and pid.isdigit() and not _alive(int(pid)):
+                if t_host == host and pid.isdigit() and not alive(int(pid)):
                     q.release_claims(tx, token)
 
     def _claim(self, token: str, limit: int) -> list[q.OutboxRow]:
@@ -262,43 +263,84 @@ class Dispatcher:
                 tx, now=now, until=now + self.claim_lease, token=token, limit=min(limit, 64)
             )
 
-    async def _one(
-        self, client: httpx.AsyncClient, sem: asyncio.Semaphore, row: q.OutboxRow, token: str
-    ) -> None:
+    async def _one(self, client: Clients, sem: Slot, row: q.OutboxRow, token: str) -> None:
         async with sem:
             try:
                 if row.state == "pending":
+                    if await self._held_back(row, token):
+                        return
                     await self._deliver(client, row, token)
                 elif row.confirm_url:
-                    await self._confirm(client, row.id, row.confirm_url, token)
+                    await _followups.confirm(self, client, row, row.confirm_url, token)
+                elif row.state == "accepted" and row.status_url:
+                    await _followups.check_job(self, client, row, token)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # never let one row kill the loop
                 log.exception("delivering %s failed unexpectedly", row.id)
                 await self._db(self._retry_row, row, token, f"internal error: {exc}", None)
 
+    def _read_disabled(self) -> dict[str, str]:
+        with self.db.store.transaction(write=False) as tx:
+            return q.disabled_endpoints(tx)
+
+    async def _held_back(self, row: q.OutboxRow, token: str) -> bool:
+        """True if the row is not sent now: its endpoint is disabled (the row fails, kept
+        for a redrive) or over its rate limit for a while (the row is postponed)."""
+        reason = self.endpoints.disabled_reason(row.url)
+        if reason is not None:  # the cache may be stale: an operator may have enabled it
+            reason = await self._db(self._still_disabled, row.url)
+        if reason is not None:
+            error = f"the endpoint is disabled ({reason}); `homing http enable` it, then redrive"
+            await self._db(self._fail_row, row, token, error, None, False)
+            return True
+        wait = self.endpoints.wait(row.url)
+        while wait > 0:
+            if wait > 2.0:  # do not sit on the claim: come back when a token is there
+                at = self.db.clock.now() + wait
+                assert self._group is not None
+                await self._group.run(
+                    functools.partial(q.postpone, msg_id=row.id, token=token, at=at)
+                )
+                return True
+            await asyncio.sleep(wait)
+            wait = self.endpoints.wait(row.url)
+        return False
+
+    def _still_disabled(self, url: str) -> str | None:
+        key = endpoint_key(url)
+        with self.db.store.transaction(write=False) as tx:
+            reason = q.endpoint_disabled(tx, key)
+        if reason is None:
+            self.endpoints.disabled.pop(key, None)
+        return reason
+
     # -- one delivery ------------------------------------------------------------------
     def _headers(self, row: q.OutboxRow) -> dict[str, str]:
         mode = {"put": "put", "send": "send", "job": "job", "reply": "send"}[row.kind]
-        headers = {
-            "content-type": row.content_type,
-            wire.MESSAGE_ID: row.id,
-            wire.MODE: mode,
-        }
+        headers: dict[str, str] = json.loads(row.headers) if row.headers else {}
+        headers["content-type"] = row.content_type
+        headers[wire.MESSAGE_ID] = row.id
+        headers[wire.MODE] = mode
         if row.response_url:
             headers[wire.RESPONSE_URL] = row.response_url
         if row.in_reply_to:
             headers[wire.IN_REPLY_TO] = row.in_reply_to
             headers[wire.REPLY_STATUS] = str(row.reply_status or 200)
-        key = self.signing.get(_origin(row.url)) or self.signing.get("*")
-        if key is not None:
-            path = urlsplit(row.url).path or "/"
-            headers[wire.SIGNATURE] = wire.sign(
-                key[0], key[1], row.method, path, row.id, row.body, self.db.clock.now()
-            )
+        self._sign(headers, row.method, row.url, row.body)
+        webhook = for_endpoint(self.webhook_signing, row.url)
+        if webhook:
+            headers.update(standard.sign_headers(webhook, row.id, row.body, self.db.clock.now()))
         return headers
 
-    async def _deliver(self, client: httpx.AsyncClient, row: q.OutboxRow, token: str) -> None:
+    def _sign(self, headers: dict[str, str], method: str, url: str, body: bytes) -> None:
+        key = for_endpoint(self.signing, url)
+        if key is not None:
+            headers[wire.SIGNATURE] = wire.sign(
+                key[0], key[1], method, target(url), headers, body, self.db.clock.now()
+            )
+
+    async def _deliver(self, clients: Clients, row: q.OutboxRow, token: str) -> None:
         if self.db.clock.now() > row.deadline:
             await self._db(
                 self._fail_row,
@@ -310,29 +352,40 @@ class Dispatcher:
             return
         failpoint("http.sender.before_request")
         self.stats["attempts"] += 1
+        # a job's result goes to a URL the peer gave us: connect only to a checked address
+        client = clients.guarded if row.kind == "reply" else clients.trusted
         try:
             resp = await client.request(
                 row.method, row.url, content=row.body, headers=self._headers(row)
             )
         except httpx.HTTPError as exc:  # connection refused/reset, timeout, protocol error
-            await self._db(self._retry_row, row, token, f"{type(exc).__name__}: {exc}", None)
+            error = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc.__cause__, RefusedAddress):  # no retry makes it safe
+                await self._db(self._fail_row, row, token, error, None)
+            else:
+                await self._db(self._retry_row, row, token, error, None)
             return
         status = resp.status_code
         if 200 <= status < 300:
             failpoint("http.sender.after_2xx_before_tombstone")
-            confirm = resp.headers.get(wire.CONFIRM_URL)
-            if confirm and _origin(confirm) != _origin(row.url):
-                try:  # a confirmation URL elsewhere than the destination must be safe
-                    wire.check_url(confirm, self.allowed_hosts)
-                except InvalidArgument as exc:
-                    log.info("ignoring confirmation URL of %s: %s", row.id, exc)
-                    confirm = None
+            confirm = self._peer_url(row, resp.headers.get(wire.CONFIRM_URL))
             state = "accepted" if (row.kind == "job" and status == 202) else "delivered"
+            status_url = None
+            if state == "accepted":
+                status_url = self._peer_url(row, resp.headers.get(wire.STATUS_URL))
             ctype = resp.headers.get("content-type", wire.BYTES_TYPE)
             assert self._group is not None
             stored = await self._group.run(
                 functools.partial(
-                    self._tombstone, row, token, state, status, ctype, resp.content, confirm
+                    self._tombstone,
+                    row,
+                    token,
+                    state,
+                    status,
+                    ctype,
+                    resp.content,
+                    confirm,
+                    status_url,
                 )
             )
             failpoint("http.sender.after_tombstone_before_delete")
@@ -340,7 +393,7 @@ class Dispatcher:
                 self.stats["delivered"] += 1
                 notify_changed(row.id)
                 if confirm:
-                    await self._confirm(client, row.id, confirm, token)
+                    await _followups.confirm(self, clients, row, confirm, token)
             return
         if is_fatal(status, self.fatal_statuses):
             await self._db(
@@ -356,19 +409,8 @@ class Dispatcher:
             row,
             token,
             f"the receiver answered {status}",
-            _retry_after(resp.headers.get("retry-after")),
+            retry_after_seconds(resp.headers.get("retry-after")),
         )
-
-    async def _confirm(self, client: httpx.AsyncClient, msg_id: str, url: str, token: str) -> None:
-        try:
-            resp = await client.delete(url)
-            ok = resp.status_code < 500 and resp.status_code not in (408, 429)
-            error = f"DELETE {url} answered {resp.status_code}"
-        except httpx.HTTPError as exc:
-            ok, error = False, f"DELETE {url}: {type(exc).__name__}: {exc}"
-        self.stats["deletes"] += 1
-        assert self._group is not None
-        await self._group.run(functools.partial(self._confirm_outcome, msg_id, token, ok, error))
 
     # -- outcomes (each one transaction) ---------------------------------------------------
     def _tombstone(
@@ -380,10 +422,12 @@ class Dispatcher:
         ctype: str,
         body: bytes,
         confirm: str | None,
+        status_url: str | None,
         tx: Tx,
     ) -> bool:
         now = self.db.clock.now()
         keep = body if row.kind in ("put", "job") else None
+        self.endpoints.ok(tx, row.url)
         return q.mark_delivered(
             tx,
             row.id,
@@ -394,7 +438,19 @@ class Dispatcher:
             content_type=ctype if keep is not None else None,
             body=keep,
             confirm_url=confirm,
+            status_url=status_url,
+            check_at=now + self.job_check if status_url else None,
         )
+
+    def _peer_url(self, row: q.OutboxRow, url: str | None) -> str | None:
+        """A URL the receiver answered with: kept if on the destination's origin or safe."""
+        if url and origin(url) != origin(row.url):
+            try:
+                wire.check_url(url, self.allowed_hosts, resolver=self.resolver)
+            except InvalidArgument as exc:
+                log.info("ignoring URL %s given for %s: %s", url[:200], row.id, exc)
+                return None
+        return url
 
     def _retry_row(
         self, row: q.OutboxRow, token: str, error: str, retry_after: float | None
@@ -404,6 +460,8 @@ class Dispatcher:
         self.stats["retries"] += 1
         with write_lock(self.db.store), self.db.store.transaction() as tx:
             q.mark_retry(tx, row.id, token, at=min(at, max(row.deadline, now)), error=error)
+            if self.endpoints.failed(tx, row.url, now=now, error=error):
+                log.warning("endpoint %s disabled: %s", row.url, error)
 
     def _fail_row(
         self,
@@ -411,31 +469,24 @@ class Dispatcher:
         token: str,
         error: str,
         answer: tuple[int, str | None, bytes] | None,
+        counts: bool = True,
     ) -> None:
+        """End the row ``failed``; ``counts``: a failure of the endpoint (disable rule)."""
         status, ctype, body = answer if answer is not None else (None, None, None)
+        now = self.db.clock.now()
         with write_lock(self.db.store), self.db.store.transaction() as tx:
             done = q.mark_failed(
                 tx,
                 row.id,
-                now=self.db.clock.now(),
+                now=now,
                 error=error,
                 status=status,
                 content_type=ctype,
                 body=body,
                 token=token,
             )
+            if counts and done and self.endpoints.failed(tx, row.url, now=now, error=error):
+                log.warning("endpoint %s disabled: %s", row.url, error)
         if done:
             self.stats["failed"] += 1
             notify_changed(row.id)
-
-    def _confirm_outcome(self, msg_id: str, token: str, ok: bool, error: str, tx: Tx) -> None:
-        if ok:
-            q.confirm_done(tx, msg_id, token)
-            return
-        row = q.outgoing(tx, msg_id)
-        now = self.db.clock.now()
-        if row is None or now > row.deadline:  # give up: the DELETE is only an ack
-            q.confirm_done(tx, msg_id, token)
-            return
-        at = now + self.retry.delay(row.attempts)
-        q.confirm_retry(tx, msg_id, token, at=at, error=error)

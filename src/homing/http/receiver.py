@@ -15,14 +15,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
-import json
 import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from starlette.applications import Starlette
@@ -33,10 +30,13 @@ from starlette.routing import Route
 
 from homing import ids
 from homing._failpoints import failpoint
-from homing.database import Database, Transaction
-from homing.errors import InvalidArgument, PermanentFailure
-from homing.http import wire
-from homing.http._group import GroupCommit, write_lock
+from homing.database import Database
+from homing.errors import InvalidArgument
+from homing.http import _ingress, standard, wire
+from homing.http._group import GroupCommit
+from homing.http._inbox import Answer, Handler, Inbox, Refused, stored_answer
+from homing.http._replies import job_status, store_reply
+from homing.http._worker import InboxWorker, gc
 from homing.http.dispatcher import Dispatcher, notify_changed
 from homing.http.errors import UnsafeURL
 from homing.http.policy import DEFAULT_ABSURD_AFTER_S, RetryPolicy
@@ -45,30 +45,15 @@ from homing.store.protocol import Tx
 
 log = logging.getLogger("homing.http")
 
-Handler = Callable[[Any, Transaction], Any]
+__all__ = ["Handler", "Receiver", "gc"]
 DEFAULT_RETENTION_S = 7 * 24 * 3600.0
 DEFAULT_MAX_BODY = 1024 * 1024
 INTERNAL = "/_homing"
-_BATCH = 32  # Option-2/job messages handled per transaction by one inbox worker
 
 
-@dataclass(frozen=True)
-class _Answer:
-    status: int
-    content_type: str | None
-    body: bytes
-    replayed: bool = False
-    confirm: bool = False
-
-
-def _error(status: int, message: str, **headers: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
-
-
-class _Refused(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
+_error = _ingress.problem
+_Refused = Refused
+_Answer = Answer
 
 
 class Receiver:
@@ -80,6 +65,13 @@ class Receiver:
     seconds. ``retention``: how long message ids are remembered (published as
     ``Homing-Inbox-Retention``); keep it above every sender's ``absurd_after``.
     ``dispatch``: run a dispatcher for the job results this receiver sends back.
+
+    Any HTTP client may send an IETF ``Idempotency-Key`` instead of homing's headers (an
+    Option 1 request): ``idempotency_scope`` says whose keys are one namespace
+    (``address``: the source address; ``authorization``: the Authorization credentials; or
+    a callable of the request). ``webhook_secrets`` (``whsec_...``, several while rotating)
+    verify Standard Webhooks deliveries, whose ``webhook-id`` names the message.
+    ``resolver`` replaces the system's DNS for checking response URLs (tests).
     """
 
     def __init__(
@@ -97,6 +89,10 @@ class Receiver:
         absurd_after: float = DEFAULT_ABSURD_AFTER_S,
         dispatch: bool = True,
         dispatcher_options: Mapping[str, Any] | None = None,
+        idempotency_scope: _ingress.Scope = "address",
+        webhook_secrets: Sequence[str | bytes] | None = None,
+        webhook_tolerance: float = 300.0,
+        resolver: wire.Resolver | None = None,
     ) -> None:
         if not isinstance(db, Database):
             raise InvalidArgument(
@@ -115,27 +111,38 @@ class Receiver:
         self.max_handler_attempts = max_handler_attempts
         self.absurd_after = absurd_after
         self.reply_path = INTERNAL + "/reply"
+        self.idempotency_scope = _ingress.check_scope(idempotency_scope)
+        self.webhook_secrets = [standard.secret_key(k) for k in webhook_secrets or ()]
+        self.webhook_tolerance = webhook_tolerance
+        self.resolver = resolver
         self._nodes: dict[str, Handler] = {}
         self._groups: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, GroupCommit] = (
             weakref.WeakKeyDictionary()
         )
-        self._running: set[str] = set()
-        self._running_lock = threading.Lock()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._pool: ThreadPoolExecutor | None = None
         self._start_lock = threading.Lock()
         self._dispatch = dispatch
         self._dispatcher_options = dict(dispatcher_options or {})
         self._dispatcher_options.setdefault("allowed_hosts", self.allowed_hosts)
+        if resolver is not None:
+            self._dispatcher_options.setdefault("resolver", resolver)
         self.dispatcher: Dispatcher | None = None
-        self.stats = {"received": 0, "duplicates": 0, "handled": 0, "refused": 0}
+        self.stats = {"received": 0, "duplicates": 0, "handled": 0, "refused": 0, "dead": 0}
+        self.inbox = Inbox(
+            db,
+            self._nodes,
+            retry=self.handler_retry,
+            max_attempts=max_handler_attempts,
+            absurd_after=absurd_after,
+            stats=self.stats,
+            on_reply=self._wake_dispatcher,
+        )
+        self._worker = InboxWorker(db, self.inbox, workers=workers, retention=self.retention)
         self.app = Starlette(
             routes=[
                 Route(INTERNAL + "/info", self._info, methods=["GET"]),
                 Route(INTERNAL + "/inbox/{msg_id}", self._confirm, methods=["DELETE"]),
-                Route("/{rest:path}", self._receive, methods=["POST", "PUT"]),
+                Route(INTERNAL + "/inbox/{msg_id}", self._status, methods=["GET"]),
+                Route("/{rest:path}", self._receive, methods=list(wire.METHODS)),
             ],
             lifespan=self._lifespan,
         )
@@ -181,28 +188,16 @@ class Receiver:
         """Start the worker that handles Option 2 and job messages (idempotent).
         Also started on the first request, so mounting the app in another one works."""
         with self._start_lock:
-            if self._thread is not None:
+            if self._worker.started:
                 return self
-            self._stop.clear()
-            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="homing-in")
-            self._thread = threading.Thread(
-                target=self._work_loop, name="homing-http-inbox", daemon=True
-            )
-            self._thread.start()
+            self._worker.start()
             if self._dispatch and self.dispatcher is None:
                 self.dispatcher = Dispatcher(self.db, **self._dispatcher_options).start()
         return self
 
     def stop(self) -> None:
         with self._start_lock:
-            self._stop.set()
-            self._wake.set()
-            if self._thread is not None:
-                self._thread.join(10)
-                self._thread = None
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-                self._pool = None
+            self._worker.stop()
             if self.dispatcher is not None:
                 self.dispatcher.stop()
                 self.dispatcher = None
@@ -233,10 +228,53 @@ class Receiver:
         msg_id = request.path_params["msg_id"]
         if not ids.is_uuid(msg_id):
             return _error(400, "the message id in the URL is not a UUID")
+        problem = self._unsigned(request)  # an unsigned DELETE could drop a stored response
+        if problem is not None:
+            return _error(401, problem, **self._headers())
         found = await self._group().run(functools.partial(q.confirm_incoming, msg_id=msg_id))
         if not found:
             return _error(404, f"no answered message {msg_id} in this inbox")
         return Response(status_code=204, headers=self._headers())
+
+    def _unsigned(self, request: Request) -> str | None:
+        """What is wrong with a body-less request's signature (None: fine or not needed)."""
+        if self.secrets is None:
+            return None
+        return wire.verify(
+            request.headers.get(wire.SIGNATURE),
+            self.secrets,
+            request.method,
+            self._target(request),
+            _ingress.header_map(request),
+            b"",
+            now=time.time(),
+            window=self.signature_window,
+        )
+
+    async def _status(self, request: Request) -> Response:
+        """How a job went: its inbox state and, once its result could not be delivered to
+        the response URL, the result itself (the sender fetches it instead of waiting)."""
+        msg_id = request.path_params["msg_id"]
+        if not ids.is_uuid(msg_id):
+            return _error(400, "the message id in the URL is not a UUID")
+        problem = self._unsigned(request)
+        if problem is not None:
+            return _error(401, problem, **self._headers())
+        found = await run_in_threadpool(job_status, self.db, msg_id)
+        if found is None:
+            return _error(404, f"no message {msg_id} in this inbox", **self._headers())
+        return JSONResponse(found, headers=self._headers())
+
+    @staticmethod
+    def _target(request: Request) -> str:
+        """Path and query as the sender signed them."""
+        path = str(request.scope.get("path", "")) or "/"
+        query = request.scope.get("query_string", b"").decode("latin-1")
+        return f"{path}?{query}" if query else path
+
+    def _wake_dispatcher(self, tx: Tx) -> None:
+        if self.dispatcher is not None:
+            tx.call_after_commit(self.dispatcher.wake)
 
     def _route_path(self, request: Request) -> str:
         path = str(request.scope.get("path", ""))
@@ -245,35 +283,8 @@ class Receiver:
             path = path[len(root) :]
         return path or "/"
 
-    async def _read_body(self, request: Request) -> bytes:
-        declared = request.headers.get("content-length")
-        if declared is not None:
-            if not declared.isdigit():
-                raise _Refused(400, f"Content-Length {declared[:40]!r} is not a number")
-            if int(declared) > self.max_body:
-                raise _Refused(
-                    413,
-                    f"the body is {declared} bytes, over this receiver's limit of "
-                    f"{self.max_body}; send less or ask for a bigger max_body",
-                )
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self.max_body:
-                raise _Refused(
-                    413, f"the body is over this receiver's limit of {self.max_body} bytes"
-                )
-            chunks.append(chunk)
-        data = b"".join(chunks)
-        if declared is not None and int(declared) != len(data):
-            raise _Refused(
-                400, f"Content-Length says {declared} bytes but {len(data)} arrived; resend"
-            )
-        return data
-
     async def _receive(self, request: Request) -> Response:
-        if self._thread is None:
+        if not self._worker.started:
             await run_in_threadpool(self.start)
         try:
             return await self._receive_checked(request)
@@ -298,28 +309,8 @@ class Receiver:
         is_reply = path == self.reply_path
         if not is_reply and path not in self._nodes:
             raise _Refused(404, f"no reliable node at {path[:200]!r} on this receiver")
-        msg_id = request.headers.get(wire.MESSAGE_ID)
-        if msg_id is None:
-            raise _Refused(400, "missing the Homing-Message-Id header (a UUID made by the sender)")
-        if not ids.is_uuid(msg_id):
-            raise _Refused(400, f"Homing-Message-Id {msg_id[:60]!r} is not a canonical UUID")
-        mode = request.headers.get(wire.MODE, "put").lower()
-        if mode not in wire.MODES:
-            raise _Refused(400, f"Homing-Mode {mode[:20]!r} must be put, send or job")
-        body = await self._read_body(request)
-        if self.secrets is not None:
-            problem = wire.verify(
-                request.headers.get(wire.SIGNATURE),
-                self.secrets,
-                request.method,
-                str(request.scope.get("path", "")),
-                msg_id,
-                body,
-                now=time.time(),
-                window=self.signature_window,
-            )
-            if problem is not None:
-                raise _Refused(401, problem)
+        body = await _ingress.read_body(request, self.max_body)
+        msg_id, mode = self._identify(request, body)
         ctype = request.headers.get("content-type", wire.BYTES_TYPE)
         if wire.is_json_type(ctype):
             wire.strict_json(body)  # refuse bad JSON before anything is stored
@@ -329,12 +320,20 @@ class Receiver:
                 raise _Refused(400, "Homing-Mode job needs a Homing-Response-Url header")
             try:
                 # may resolve DNS: keep it off the event loop
-                await run_in_threadpool(wire.check_url, response_url, self.allowed_hosts)
+                await run_in_threadpool(
+                    functools.partial(
+                        wire.check_url, response_url, self.allowed_hosts, resolver=self.resolver
+                    )
+                )
             except UnsafeURL as exc:
                 raise _Refused(422, str(exc)) from exc
         elif response_url:
             raise _Refused(400, "Homing-Response-Url is only for Homing-Mode job")
-        digest = hashlib.sha256(path.encode() + b"\0" + ctype.encode() + b"\0" + body).hexdigest()
+        # a method other than POST is part of what the id names (POST keeps the old hashes)
+        verb = b"" if request.method == "POST" else request.method.encode() + b"\0"
+        digest = hashlib.sha256(
+            verb + path.encode() + b"\0" + ctype.encode() + b"\0" + body
+        ).hexdigest()
         if is_reply:
             return await self._receive_reply(request, msg_id, digest, ctype, body)
         if mode == "put":
@@ -347,7 +346,7 @@ class Receiver:
             self.stats["received"] += 1
             failpoint("http.receiver.after_inbox_insert")
             if mode != "put":
-                self._wake.set()
+                self._worker.wake()
         else:
             self.stats["duplicates"] += 1
             if existing.body_hash != digest or existing.mode != mode:
@@ -358,7 +357,26 @@ class Receiver:
                 )
         if mode == "send":
             return Response(status_code=204, headers=self._headers())
-        return Response(status_code=202, headers=self._headers())
+        # the sender may ask here how its job went (and fetch a result it did not get)
+        status_url = f"{self._base(request)}{INTERNAL}/inbox/{msg_id}"
+        return Response(status_code=202, headers={**self._headers(), wire.STATUS_URL: status_url})
+
+    @staticmethod
+    def _base(request: Request) -> str:
+        return f"{request.url.scheme}://{request.url.netloc}{request.scope.get('root_path', '')}"
+
+    def _identify(self, request: Request, body: bytes) -> tuple[str, str]:
+        """(message id, mode) of a request, after checking who signed it."""
+        return _ingress.identify(
+            request,
+            body,
+            target=self._target(request),
+            secrets=self.secrets,
+            window=self.signature_window,
+            webhook_secrets=self.webhook_secrets,
+            tolerance=self.webhook_tolerance,
+            scope=self.idempotency_scope,
+        )
 
     async def _receive_put(
         self,
@@ -368,21 +386,28 @@ class Receiver:
         store: Callable[[Tx], q.InboxRow | None],
     ) -> Response:
         """Option 1: store and handle in one transaction (a repeat replays the response)."""
-        with self._running_lock:
-            busy = msg_id in self._running
-            if not busy:
-                self._running.add(msg_id)
-        if busy:
-            return self._in_progress(msg_id)
+        if not self._worker.claim(
+            msg_id
+        ):  # a request with this id is being served: replay if it is already done
+            row = await run_in_threadpool(self._read, msg_id)
+            if row is None or row.state == "received":
+                return self._in_progress(msg_id)
+            if row.body_hash != digest or row.mode != "put":
+                raise _Refused(422, f"message {msg_id} was already received with a different body")
+            self.stats["duplicates"] += 1
+            return self._answer(request, msg_id, stored_answer(row, replayed=True))
         try:
-            answer = await run_in_threadpool(self._handle, msg_id, False, store, digest)
+            answer = await run_in_threadpool(self.inbox.handle, msg_id, False, store, digest)
         finally:
-            with self._running_lock:
-                self._running.discard(msg_id)
+            self._worker.release([msg_id])
         if answer is None:
             return self._in_progress(msg_id)
         failpoint("http.receiver.after_commit_before_response")
         return self._answer(request, msg_id, answer)
+
+    def _read(self, msg_id: str) -> q.InboxRow | None:
+        with self.db.store.transaction(write=False) as tx:
+            return q.incoming(tx, msg_id)
 
     def _in_progress(self, msg_id: str) -> Response:
         return _error(
@@ -396,28 +421,12 @@ class Receiver:
         if answer.replayed:
             headers[wire.REPLAYED] = "true"
         if answer.confirm and 200 <= answer.status < 300:
-            base = (
-                f"{request.url.scheme}://{request.url.netloc}{request.scope.get('root_path', '')}"
-            )
-            headers[wire.CONFIRM_URL] = f"{base}{INTERNAL}/inbox/{msg_id}"
+            headers[wire.CONFIRM_URL] = f"{self._base(request)}{INTERNAL}/inbox/{msg_id}"
         return Response(
             answer.body,
             status_code=answer.status,
             media_type=answer.content_type,
             headers=headers,
-        )
-
-    @staticmethod
-    def _stored(row: q.InboxRow, *, replayed: bool) -> _Answer:
-        if row.confirmed and row.resp_body is None:
-            return _Answer(
-                410,
-                wire.JSON_TYPE,
-                json.dumps({"error": f"message {row.id} was answered and confirmed"}).encode(),
-                replayed,
-            )
-        return _Answer(
-            row.status or 200, row.resp_content_type, row.resp_body or b"", replayed, True
         )
 
     # -- storing and handling --------------------------------------------------------------
@@ -446,133 +455,6 @@ class Receiver:
             work_at=None if mode == "put" else now,
         )
 
-    def _handle(
-        self,
-        msg_id: str,
-        background: bool,
-        store: Callable[[Tx], q.InboxRow | None] | None = None,
-        digest: str | None = None,
-    ) -> _Answer | None:
-        """Run the node's handler for one inbox entry in one transaction; None if busy.
-
-        With ``store`` the entry is inserted in that same transaction first (Option 1: one
-        commit stores the request, the handler's writes and the response); a repeat with
-        another body is refused with 422 and changes nothing."""
-        try:
-            with write_lock(self.db.store), self.db.transaction() as t:
-                if store is not None:
-                    existing = store(t.tx)
-                    if existing is not None and (
-                        existing.body_hash != digest or existing.mode != "put"
-                    ):
-                        raise _Refused(
-                            422,
-                            f"message {msg_id} was already received with a different body, "
-                            "path or mode; a message id names one message: make a new id "
-                            "for a new message",
-                        )
-                    self.stats["duplicates" if existing else "received"] += 1
-                ok, row = q.lock_incoming(t.tx, msg_id)
-                if not ok:
-                    return None
-                if row is None:
-                    return _Answer(404, wire.JSON_TYPE, b'{"error": "unknown message"}')
-                if row.state != "received":
-                    return self._stored(row, replayed=True)
-                handler = self._nodes.get(row.path)
-                if handler is None:
-                    raise PermanentFailure(f"no node at {row.path} handles this message any more")
-                value = wire.decode_body(row.content_type, row.body or b"")
-                result = handler(value, t)
-                ctype, data = wire.encode_body(result, None)
-                failpoint("http.receiver.in_handler_before_commit")
-                self._finish(t.tx, row, "done", 200, ctype, data, None)
-            self.stats["handled"] += 1
-            return _Answer(200, ctype, data, False, True)
-        except _Refused:
-            raise
-        except PermanentFailure as exc:
-            self._keep(store)
-            return self._give_up(msg_id, f"the handler refused the message: {exc}")
-        except Exception as exc:
-            log.warning("handler for message %s failed: %s", msg_id, exc, exc_info=True)
-            self._keep(store)
-            return self._later(msg_id, background, f"{type(exc).__name__}: {exc}")
-
-    def _keep(self, store: Callable[[Tx], q.InboxRow | None] | None) -> None:
-        """The handler's transaction rolled back: store the request on its own so that the
-        failure is recorded against it (the insert is idempotent)."""
-        if store is not None:
-            with write_lock(self.db.store), self.db.store.transaction() as tx:
-                store(tx)
-
-    def _finish(
-        self,
-        tx: Tx,
-        row: q.InboxRow,
-        state: str,
-        status: int,
-        ctype: str,
-        data: bytes,
-        error: str | None,
-    ) -> None:
-        now = self.db.clock.now()
-        keep = row.mode == "put"
-        q.finish_incoming(
-            tx,
-            row.id,
-            state=state,
-            now=now,
-            status=status if keep else None,
-            content_type=ctype if keep else None,
-            body=data if keep else None,
-            error=error,
-        )
-        if row.mode == "job" and row.response_url:
-            q.insert_outgoing(
-                tx,
-                [
-                    q.NewOutgoing(
-                        id=ids.uuid7(),
-                        kind="reply",
-                        method="POST",
-                        url=row.response_url,
-                        content_type=ctype,
-                        body=data,
-                        response_url=None,
-                        in_reply_to=row.id,
-                        reply_status=status,
-                        deadline=now + self.absurd_after,
-                        created_at=now,
-                    )
-                ],
-            )
-            if self.dispatcher is not None:
-                tx.call_after_commit(self.dispatcher.wake)
-
-    def _give_up(self, msg_id: str, error: str) -> _Answer:
-        data = json.dumps({"error": error}).encode()
-        with write_lock(self.db.store), self.db.store.transaction() as tx:
-            row = q.incoming(tx, msg_id)
-            if row is None or row.state != "received":
-                return _Answer(404, wire.JSON_TYPE, b'{"error": "unknown message"}')
-            self._finish(tx, row, "failed", 501, wire.JSON_TYPE, data, error)
-        return _Answer(501, wire.JSON_TYPE, data, False, True)
-
-    def _later(self, msg_id: str, background: bool, error: str) -> _Answer:
-        with write_lock(self.db.store), self.db.store.transaction() as tx:
-            row = q.incoming(tx, msg_id)
-            attempts = row.attempts + 1 if row is not None else 1
-        if attempts >= self.max_handler_attempts:
-            return self._give_up(msg_id, f"the handler failed {attempts} times; last: {error}")
-        at = None
-        if background:
-            at = self.db.clock.now() + self.handler_retry.delay(attempts)
-        with write_lock(self.db.store), self.db.store.transaction() as tx:
-            q.retry_incoming(tx, msg_id, at=at, error=error)
-        data = json.dumps({"error": f"the handler failed, retry later: {error}"}).encode()
-        return _Answer(503, wire.JSON_TYPE, data)
-
     # -- job results arriving at this sender (the reply node) ----------------------------------
     async def _receive_reply(
         self, request: Request, msg_id: str, digest: str, ctype: str, body: bytes
@@ -584,7 +466,7 @@ class Receiver:
         if not status.isdigit() or not 100 <= int(status) <= 599:
             raise _Refused(400, f"Homing-Reply-Status {status[:10]!r} is not an HTTP status")
         outcome = await run_in_threadpool(
-            self._store_reply, msg_id, job_id, int(status), digest, ctype, body
+            store_reply, self.db, self.reply_path, msg_id, job_id, int(status), digest, ctype, body
         )
         if outcome == "conflict":
             raise _Refused(422, f"message {msg_id} was already received with a different body")
@@ -594,149 +476,3 @@ class Receiver:
             failpoint("http.receiver.after_inbox_insert")
             notify_changed(job_id)
         return Response(status_code=204, headers=self._headers())
-
-    def _store_reply(
-        self, msg_id: str, job_id: str, status: int, digest: str, ctype: str, body: bytes
-    ) -> str:
-        now = self.db.clock.now()
-        try:
-            return self._store_reply_tx(msg_id, job_id, status, digest, ctype, body, now)
-        except _UnknownJob:
-            return "unknown"  # rolled back: nothing was stored
-
-    def _store_reply_tx(
-        self,
-        msg_id: str,
-        job_id: str,
-        status: int,
-        digest: str,
-        ctype: str,
-        body: bytes,
-        now: float,
-    ) -> str:
-        with write_lock(self.db.store), self.db.store.transaction() as tx:
-            existing = q.insert_incoming(
-                tx,
-                msg_id=msg_id,
-                path=self.reply_path,
-                mode="reply",
-                body_hash=digest,
-                content_type=ctype,
-                body=b"",
-                response_url=None,
-                now=now,
-                work_at=None,
-            )
-            if existing is not None:
-                return "conflict" if existing.body_hash != digest else "duplicate"
-            if (
-                q.record_job_result(
-                    tx, job_id, now=now, status=status, content_type=ctype, body=body
-                )
-                is None
-            ):
-                raise _UnknownJob
-            q.finish_incoming(
-                tx,
-                msg_id,
-                state="done",
-                now=now,
-                status=204,
-                content_type=None,
-                body=None,
-                error=None,
-            )
-        return "new"
-
-    # -- the background worker -------------------------------------------------------------
-    def _work_loop(self) -> None:
-        last_gc = time.monotonic()
-        while not self._stop.is_set():
-            try:
-                with self.db.store.transaction(write=False) as tx:
-                    due = q.due_incoming(tx, now=self.db.clock.now(), limit=self.workers * _BATCH)
-            except Exception as exc:
-                log.warning("inbox poll failed: %s", exc)
-                due = []
-            for msg_id in list(due):
-                with self._running_lock:
-                    if msg_id in self._running:
-                        due.remove(msg_id)
-                    else:
-                        self._running.add(msg_id)
-            assert self._pool is not None
-            chunks = [due[i :: self.workers] for i in range(self.workers)]
-            futures = [self._pool.submit(self._background, chunk) for chunk in chunks if chunk]
-            for f in futures:
-                f.result()
-            if not due:
-                self._wake.wait(0.1)
-                self._wake.clear()
-            if time.monotonic() - last_gc > 600:
-                last_gc = time.monotonic()
-                try:
-                    gc(self.db, older_than=self.retention)
-                except Exception as exc:
-                    log.warning("inbox gc failed: %s", exc)
-
-    def _background(self, msg_ids: list[str]) -> None:
-        """Handle due messages: as one batch (one commit), then any that failed in it one
-        by one, so that each failure is recorded against its own message."""
-        try:
-            try:
-                alone = self._handle_batch(msg_ids)
-            except Exception as exc:  # the batch's transaction failed: one by one
-                log.warning("handling a batch of %d inbox entries failed: %s", len(msg_ids), exc)
-                alone = msg_ids
-            for msg_id in alone:
-                try:
-                    if self._handle(msg_id, True) is not None:
-                        failpoint("http.receiver.after_commit_before_response")
-                except Exception as exc:  # the store is down: the entry stays due
-                    log.warning("handling inbox entry %s failed: %s", msg_id, exc)
-                    self._stop.wait(1.0)
-        finally:
-            with self._running_lock:
-                self._running.difference_update(msg_ids)
-
-    def _handle_batch(self, msg_ids: list[str]) -> list[str]:
-        """Run the handlers of several due messages in one transaction, each in a savepoint
-        (a group commit for the inbox: one fsync for the batch on SQLite). Returns the ids
-        whose handler raised (their writes undone) for ``_handle`` to run alone."""
-        alone: list[str] = []
-        handled = 0
-        with write_lock(self.db.store), self.db.transaction() as t:
-            for msg_id in msg_ids:
-                ok, row = q.lock_incoming(t.tx, msg_id)
-                if not ok or row is None or row.state != "received":
-                    continue
-                handler = self._nodes.get(row.path)
-                if handler is None:
-                    alone.append(msg_id)
-                    continue
-                try:
-                    with t.tx.savepoint():
-                        value = wire.decode_body(row.content_type, row.body or b"")
-                        result = handler(value, t)
-                        ctype, data = wire.encode_body(result, None)
-                        failpoint("http.receiver.in_handler_before_commit")
-                        self._finish(t.tx, row, "done", 200, ctype, data, None)
-                except Exception:
-                    alone.append(msg_id)
-                    continue
-                handled += 1
-        self.stats["handled"] += handled
-        if handled:
-            failpoint("http.receiver.after_commit_before_response")
-        return alone
-
-
-class _UnknownJob(Exception):
-    pass
-
-
-def gc(db: Database, *, older_than: float) -> tuple[int, int]:
-    """Forget delivered outbox rows and handled inbox ids older than ``older_than`` seconds.
-    Returns (outbox rows, inbox rows) deleted. Run it with the inbox retention period."""
-    with write_lock(db.store), db.store.transaction() as tx:
-        return q.gc(tx, before=db.clock.now() - older_than)

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from homing import ids
 from homing._failpoints import failpoint
@@ -24,15 +26,23 @@ from homing.database import Database, Transaction
 from homing.errors import InvalidArgument, NotFound, PayloadTooLarge
 from homing.http import wire
 from homing.http._group import GroupCommit, write_lock
-from homing.http.dispatcher import DEADLINE_PREFIX, Dispatcher, waiters
+from homing.http._waiters import waiters
+from homing.http.dispatcher import DEADLINE_PREFIX, Dispatcher
 from homing.http.errors import DeadlineExceeded, MessageFailed
-from homing.http.policy import DEFAULT_ABSURD_AFTER_S, DEFAULT_FATAL_STATUSES, RetryPolicy
+from homing.http.policy import (
+    DEFAULT_ABSURD_AFTER_S,
+    DEFAULT_FATAL_STATUSES,
+    EndpointLimit,
+    RetryPolicy,
+)
 from homing.store import http_queries as q
 from homing.store.protocol import Tx
 
 DEFAULT_MAX_BODY = 1024 * 1024
 #: How often a waiter looks at the store when no local dispatcher or reply node wakes it.
 POLL_S = 0.25
+#: Where a Receiver takes job results (``INTERNAL + "/reply"`` in the receiver).
+REPLY_PATH = "/_homing/reply"
 
 
 @dataclass(frozen=True)
@@ -74,7 +84,9 @@ class Sender:
     ``dispatch=True`` runs a dispatcher in this process (a thread); with ``False`` another
     process (``homing serve``) drains the outbox and the calls here only store and wait.
     ``absurd_after`` seconds after it was stored a message that is still undelivered ends
-    with ``DeadlineExceeded``; keep it below the receivers' inbox retention.
+    with ``DeadlineExceeded``; keep it below the receivers' inbox retention. The other
+    options configure the dispatcher (see ``Dispatcher``): per-endpoint ``signing``,
+    ``webhook_signing`` (Standard Webhooks), ``limits`` and ``disable_after``.
     """
 
     def __init__(
@@ -91,6 +103,10 @@ class Sender:
         max_in_flight: int = 64,
         allowed_hosts: Iterable[str] = (),
         signing: Mapping[str, tuple[str, bytes]] | None = None,
+        webhook_signing: Mapping[str, Sequence[str | bytes]] | None = None,
+        limits: Mapping[str, EndpointLimit] | None = None,
+        disable_after: float | None = None,
+        job_check: float = 30.0,
     ) -> None:
         if not isinstance(db, Database):
             raise InvalidArgument(
@@ -112,6 +128,10 @@ class Sender:
                 max_in_flight=max_in_flight,
                 allowed_hosts=allowed_hosts,
                 signing=signing,
+                webhook_signing=webhook_signing,
+                limits=limits,
+                disable_after=disable_after,
+                job_check=job_check,
             ).start()
 
     def close(self) -> None:
@@ -134,9 +154,12 @@ class Sender:
         content_type: str | None = None,
         tx: Transaction | Tx | None = None,
         timeout: float | None = None,
+        headers: Mapping[str, str] | None = None,
+        method: str = "POST",
     ) -> Any:
-        """Option 1: deliver ``body`` and return the receiver's (stored) response body."""
-        return self._call("put", url, body, None, content_type, tx, timeout)
+        """Option 1: deliver ``body`` and return the receiver's (stored) response body.
+        ``headers`` (e.g. ``Authorization``) and ``method`` are stored with the message."""
+        return self._call("put", url, body, None, content_type, tx, timeout, headers, method)
 
     def send(
         self,
@@ -146,9 +169,11 @@ class Sender:
         content_type: str | None = None,
         tx: Transaction | Tx | None = None,
         timeout: float | None = None,
+        headers: Mapping[str, str] | None = None,
+        method: str = "POST",
     ) -> Any:
         """Option 2: deliver ``body``; returns None once the receiver acknowledged (204)."""
-        return self._call("send", url, body, None, content_type, tx, timeout)
+        return self._call("send", url, body, None, content_type, tx, timeout, headers, method)
 
     def perform_job(
         self,
@@ -159,11 +184,14 @@ class Sender:
         content_type: str | None = None,
         tx: Transaction | Tx | None = None,
         timeout: float | None = None,
+        headers: Mapping[str, str] | None = None,
+        method: str = "POST",
     ) -> Any:
         """A long job: the receiver acks with 202 and later delivers the result, reliably,
-        to ``local_url`` (a ``Receiver``'s reply node on this store). Returns that result."""
-        wire.check_http(local_url)
-        return self._call("job", url, body, local_url, content_type, tx, timeout)
+        to ``local_url``: the reply node (``/_homing/reply``) of a ``Receiver`` on this
+        store, or that receiver's base URL. Returns that result."""
+        local_url = reply_url(local_url)
+        return self._call("job", url, body, local_url, content_type, tx, timeout, headers, method)
 
     # -- storing -------------------------------------------------------------------------
     def enqueue(
@@ -175,11 +203,15 @@ class Sender:
         local_url: str | None = None,
         content_type: str | None = None,
         tx: Transaction | Tx | None = None,
+        headers: Mapping[str, str] | None = None,
+        method: str = "POST",
     ) -> Pending:
         """Store one message in the outbox (in ``tx`` if given) and return its handle."""
         if kind not in ("put", "send", "job"):
             raise InvalidArgument(f"kind must be put, send or job, got {kind!r}")
-        msg = self._new(kind, url, body, local_url, content_type)
+        if kind == "job":
+            local_url = reply_url(local_url)
+        msg = self._new(kind, url, body, local_url, content_type, headers, method)
         raw = tx.tx if isinstance(tx, Transaction) else tx
         if raw is not None:
             self._insert(raw, msg=msg)
@@ -191,9 +223,18 @@ class Sender:
         return Pending(msg.id, kind, self)
 
     def _new(
-        self, kind: str, url: str, body: Any, local_url: str | None, content_type: str | None
+        self,
+        kind: str,
+        url: str,
+        body: Any,
+        local_url: str | None,
+        content_type: str | None,
+        headers: Mapping[str, str] | None = None,
+        method: str = "POST",
     ) -> q.NewOutgoing:
         wire.check_http(url)
+        own = wire.check_headers(headers)
+        verb = wire.check_method(method)
         ctype, data = wire.encode_body(body, content_type)
         if len(data) > self.max_body:
             raise PayloadTooLarge(
@@ -204,7 +245,7 @@ class Sender:
         return q.NewOutgoing(
             id=ids.uuid7(),
             kind=kind,
-            method="POST",
+            method=verb,
             url=url,
             content_type=ctype,
             body=data,
@@ -213,6 +254,7 @@ class Sender:
             reply_status=None,
             deadline=now + self.absurd_after,
             created_at=now,
+            headers=json.dumps(own) if own else None,
         )
 
     def _insert(self, tx: Tx, *, msg: q.NewOutgoing) -> None:
@@ -229,6 +271,8 @@ class Sender:
         content_type: str | None,
         tx: Transaction | Tx | None,
         timeout: float | None,
+        headers: Mapping[str, str] | None = None,
+        method: str = "POST",
     ) -> Any:
         joined = tx is not None or self.db.store.in_transaction() is not None
         pending = self.enqueue(
@@ -238,6 +282,8 @@ class Sender:
             local_url=local_url,
             content_type=content_type,
             tx=tx if tx is not None else self.db.store.in_transaction(),
+            headers=headers,
+            method=method,
         )
         if joined:
             return pending  # the caller commits; then pending.wait()
@@ -318,6 +364,22 @@ class Sender:
             waiters.remove(msg_id, wake)
 
 
+def reply_url(local_url: Any) -> str:
+    """The reply node URL for ``perform_job``: a receiver's base URL gets ``/_homing/reply``
+    appended; any other path is refused now, because a result sent there would be answered
+    404 and the caller would wait for the absurd deadline."""
+    wire.check_http(local_url)
+    parts = urlsplit(local_url)
+    if parts.path in ("", "/"):
+        return local_url.rstrip("/") + REPLY_PATH
+    if parts.path.rstrip("/").endswith(REPLY_PATH) and not parts.query:
+        return local_url
+    raise InvalidArgument(
+        f"local_url {local_url[:200]!r} is not a reply node: give the URL of a homing "
+        f"Receiver on this store (its base URL, or base + {REPLY_PATH!r})"
+    )
+
+
 def _poll_interval(msg_id: str, end: float | None, timeout: float | None) -> float:
     """How long to wait for a wake-up before polling again; TimeoutError once ``end`` passed."""
     left = POLL_S if end is None else min(POLL_S, end - time.monotonic())
@@ -345,8 +407,7 @@ class AsyncSender:
         return await self._call("send", url, body, None, **kw)
 
     async def perform_job(self, url: str, local_url: str, body: Any, **kw: Any) -> Any:
-        wire.check_http(local_url)
-        return await self._call("job", url, body, local_url, **kw)
+        return await self._call("job", url, body, reply_url(local_url), **kw)
 
     async def _call(
         self,
@@ -358,14 +419,23 @@ class AsyncSender:
         content_type: str | None = None,
         tx: Transaction | Tx | None = None,
         timeout: float | None = None,
+        headers: Mapping[str, str] | None = None,
+        method: str = "POST",
     ) -> Any:
         if tx is not None:  # the caller's transaction is bound to its thread: stay on it
             return self.sync.enqueue(
-                kind, url, body, local_url=local_url, content_type=content_type, tx=tx
+                kind,
+                url,
+                body,
+                local_url=local_url,
+                content_type=content_type,
+                tx=tx,
+                headers=headers,
+                method=method,
             )
         if kind not in ("put", "send", "job"):
             raise InvalidArgument(f"kind must be put, send or job, got {kind!r}")
-        msg = self.sync._new(kind, url, body, local_url, content_type)
+        msg = self.sync._new(kind, url, body, local_url, content_type, headers, method)
         # concurrent calls share one commit; each returns only after its message is durable
         await self._group().run(functools.partial(self.sync._insert, msg=msg))
         failpoint("http.sender.after_outbox_insert")

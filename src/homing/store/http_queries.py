@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,8 @@ OUT_COLUMNS = (
     "resp_content_type",
     "resp_body",
     "confirm_url",
+    "headers",
+    "status_url",
 )
 _OUT = ", ".join(OUT_COLUMNS)
 
@@ -53,6 +56,8 @@ IN_COLUMNS = (
     "resp_content_type",
     "resp_body",
     "confirmed",
+    "history",
+    "dead_at",
 )
 _IN = ", ".join(IN_COLUMNS)
 
@@ -88,6 +93,8 @@ class OutboxRow:
     resp_content_type: str | None
     resp_body: bytes | None
     confirm_url: str | None
+    headers: str | None  # the sender's own request headers, JSON
+    status_url: str | None  # an accepted job: where the receiver tells how it went
 
 
 @dataclass(frozen=True)
@@ -109,6 +116,8 @@ class InboxRow:
     resp_content_type: str | None
     resp_body: bytes | None
     confirmed: int
+    history: str | None  # JSON list of {"at", "error"} of the failed attempts
+    dead_at: float | None  # set: a dead letter (body kept until redriven or purged)
 
 
 def _out(values: Sequence[Any]) -> OutboxRow:
@@ -139,6 +148,7 @@ class NewOutgoing:
     reply_status: int | None
     deadline: float
     created_at: float
+    headers: str | None = None
 
 
 def insert_outgoing(tx: Tx, msgs: Sequence[NewOutgoing]) -> None:
@@ -146,7 +156,7 @@ def insert_outgoing(tx: Tx, msgs: Sequence[NewOutgoing]) -> None:
     tx.executemany(
         "INSERT INTO homing_http_outbox (id, kind, method, url, content_type, body, "
         "response_url, in_reply_to, reply_status, state, attempts, next_attempt_at, deadline, "
-        "created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', 0, ?, ?, ?) "
+        "created_at, headers) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', 0, ?, ?, ?, ?) "
         "ON CONFLICT (id) DO NOTHING",
         [
             (
@@ -162,6 +172,7 @@ def insert_outgoing(tx: Tx, msgs: Sequence[NewOutgoing]) -> None:
                 m.created_at,
                 m.deadline,
                 m.created_at,
+                m.headers,
             )
             for m in msgs
         ],
@@ -227,12 +238,16 @@ def mark_delivered(
     content_type: str | None,
     body: bytes | None,
     confirm_url: str | None,
+    status_url: str | None = None,
+    check_at: float | None = None,
 ) -> bool:
-    """Tombstone: the row is never sent again. Keeps the response; schedules the DELETE."""
+    """Tombstone: the row is never sent again. Keeps the response; schedules the DELETE
+    (or, for an accepted job with a ``status_url``, a status check at ``check_at``)."""
     return (
         tx.rowcount(
             "UPDATE homing_http_outbox SET state = ?, status = ?, resp_content_type = ?, "
-            "resp_body = ?, confirm_url = ?, next_attempt_at = ?, claim_token = NULL, "
+            "resp_body = ?, confirm_url = ?, status_url = ?, next_attempt_at = ?, "
+            "claim_token = NULL, "
             "claimed_until = NULL, attempts = attempts + 1, "
             "finished_at = CASE WHEN ? = 'delivered' THEN ? ELSE finished_at END "
             "WHERE id = ? AND claim_token = ? AND state = 'pending'",
@@ -242,7 +257,8 @@ def mark_delivered(
                 content_type,
                 body,
                 confirm_url,
-                now if confirm_url else None,
+                status_url,
+                now if confirm_url else check_at,
                 state,
                 now,
                 msg_id,
@@ -251,6 +267,24 @@ def mark_delivered(
         )
         == 1
     )
+
+
+def check_later(tx: Tx, msg_id: str, token: str, *, at: float) -> None:
+    """An accepted job is still running (or its state is unknown): look again at ``at``."""
+    tx.execute(
+        "UPDATE homing_http_outbox SET next_attempt_at = ?, claim_token = NULL, "
+        "claimed_until = NULL WHERE id = ? AND claim_token = ? AND state = 'accepted'",
+        (at, msg_id, token),
+    )
+
+
+def reply_for(tx: Tx, job_id: str) -> OutboxRow | None:
+    """The result message this receiver made for the job ``job_id`` (None: not yet)."""
+    values = tx.query_one(
+        f"SELECT {_OUT} FROM homing_http_outbox WHERE in_reply_to = ? AND kind = 'reply'",
+        (job_id,),
+    )
+    return _out(values) if values is not None else None
 
 
 def mark_retry(tx: Tx, msg_id: str, token: str, *, at: float, error: str) -> bool:
@@ -262,6 +296,15 @@ def mark_retry(tx: Tx, msg_id: str, token: str, *, at: float, error: str) -> boo
             (at, error, msg_id, token),
         )
         == 1
+    )
+
+
+def postpone(tx: Tx, *, msg_id: str, token: str, at: float) -> None:
+    """Release a claimed row unsent until ``at`` (a rate limit): no attempt is counted."""
+    tx.execute(
+        "UPDATE homing_http_outbox SET next_attempt_at = ?, claim_token = NULL, "
+        "claimed_until = NULL WHERE id = ? AND claim_token = ? AND state = 'pending'",
+        (at, msg_id, token),
     )
 
 
@@ -368,6 +411,18 @@ def incoming(tx: Tx, msg_id: str) -> InboxRow | None:
     return _in(values) if values is not None else None
 
 
+def try_lock_message(tx: Tx, msg_id: str) -> bool:
+    """Take the message's lock for this transaction; False if another transaction holds
+    it (PostgreSQL: an advisory lock, so that a retry racing the first request is told
+    409 at once instead of waiting for it). SQLite's one writer serialises by itself."""
+    if tx.dialect != "postgres":
+        return True
+    key = int.from_bytes(hashlib.sha256(b"homing-http:" + msg_id.encode()).digest()[:8], "big")
+    key -= 1 << 63  # a signed 64-bit key
+    row = tx.query_one("SELECT pg_try_advisory_xact_lock(?)", (key,))
+    return bool(row and row[0])
+
+
 def lock_incoming(tx: Tx, msg_id: str) -> tuple[bool, InboxRow | None]:
     """Lock the inbox row for handling. (False, None) if another transaction holds it."""
     sql = f"SELECT {_IN} FROM homing_http_inbox WHERE id = ?"
@@ -401,22 +456,102 @@ def finish_incoming(
     content_type: str | None,
     body: bytes | None,
     error: str | None,
+    history: str | None = None,
+    dead: bool = False,
 ) -> None:
-    """Tombstone the inbox entry: drop the request body, keep the id, hash and response."""
+    """Tombstone the inbox entry: drop the request body, keep the id, hash and response.
+    ``dead``: a dead letter instead, which keeps the request body for a redrive."""
     tx.execute(
         "UPDATE homing_http_inbox SET state = ?, finished_at = ?, status = ?, "
-        "resp_content_type = ?, resp_body = ?, error = ?, body = NULL, next_attempt_at = NULL, "
-        "attempts = attempts + 1 WHERE id = ?",
-        (state, now, status, content_type, body, error, msg_id),
+        "resp_content_type = ?, resp_body = ?, error = ?, next_attempt_at = NULL, "
+        "body = CASE WHEN ? THEN body ELSE NULL END, dead_at = ?, "
+        "history = COALESCE(?, history), attempts = attempts + 1 WHERE id = ?",
+        (
+            state,
+            now,
+            status,
+            content_type,
+            body,
+            error,
+            dead,
+            now if dead else None,
+            history,
+            msg_id,
+        ),
     )
 
 
-def retry_incoming(tx: Tx, msg_id: str, *, at: float | None, error: str) -> None:
+def retry_incoming(
+    tx: Tx, msg_id: str, *, at: float | None, error: str, history: str | None = None
+) -> None:
     tx.execute(
-        "UPDATE homing_http_inbox SET attempts = attempts + 1, next_attempt_at = ?, error = ? "
-        "WHERE id = ? AND state = 'received'",
-        (at, error, msg_id),
+        "UPDATE homing_http_inbox SET attempts = attempts + 1, next_attempt_at = ?, error = ?, "
+        "history = COALESCE(?, history) WHERE id = ? AND state = 'received'",
+        (at, error, history, msg_id),
     )
+
+
+# -- dead letters (inbox) and failed deliveries (outbox) ----------------------------------
+def _ids_clause(msg_ids: Sequence[str] | None) -> tuple[str, list[Any]]:
+    if msg_ids is None:
+        return "", []
+    return f" AND id IN ({', '.join('?' for _ in msg_ids)})", list(msg_ids)
+
+
+def dead_letters(tx: Tx, *, limit: int, path: str | None = None) -> list[InboxRow]:
+    sql = f"SELECT {_IN} FROM homing_http_inbox WHERE dead_at IS NOT NULL"
+    params: list[Any] = []
+    if path is not None:
+        sql += " AND path = ?"
+        params.append(path)
+    rows = tx.query(sql + " ORDER BY dead_at, id LIMIT ?", [*params, limit])
+    return [_in(r) for r in rows]
+
+
+def redrive_incoming(tx: Tx, msg_ids: Sequence[str] | None, *, now: float) -> int:
+    """Dead letters back to ``received``, due now, attempts from zero (history kept)."""
+    where, params = _ids_clause(msg_ids)
+    return tx.rowcount(
+        "UPDATE homing_http_inbox SET state = 'received', dead_at = NULL, attempts = 0, "
+        "next_attempt_at = ?, finished_at = NULL, status = NULL, resp_content_type = NULL, "
+        "resp_body = NULL, confirmed = 0 WHERE dead_at IS NOT NULL AND body IS NOT NULL" + where,
+        [now, *params],
+    )
+
+
+def purge_dead(tx: Tx, msg_ids: Sequence[str] | None) -> int:
+    """Drop dead letters' bodies for good; their ids stay known until gc (no redelivery)."""
+    where, params = _ids_clause(msg_ids)
+    return tx.rowcount(
+        "UPDATE homing_http_inbox SET dead_at = NULL, body = NULL "
+        "WHERE dead_at IS NOT NULL" + where,
+        params,
+    )
+
+
+def failed_outgoing(tx: Tx, *, limit: int) -> list[OutboxRow]:
+    rows = tx.query(
+        f"SELECT {_OUT} FROM homing_http_outbox WHERE state = 'failed' "
+        "ORDER BY finished_at, seq LIMIT ?",
+        (limit,),
+    )
+    return [_out(r) for r in rows]
+
+
+def redrive_outgoing(tx: Tx, msg_ids: Sequence[str] | None, *, now: float, deadline: float) -> int:
+    """Failed outbox rows back to ``pending`` under the same id (so the receiver's inbox
+    still drops a repeat), due now, with a new deadline."""
+    where, params = _ids_clause(msg_ids)
+    n = tx.rowcount(
+        "UPDATE homing_http_outbox SET state = 'pending', attempts = 0, next_attempt_at = ?, "
+        "deadline = ?, finished_at = NULL, status = NULL, resp_content_type = NULL, "
+        "resp_body = NULL, claim_token = NULL, claimed_until = NULL "
+        "WHERE state = 'failed'" + where,
+        [now, deadline, *params],
+    )
+    if n and tx.dialect == "postgres":
+        tx.execute("SELECT pg_notify(?, '')", (notify_channel(tx),))
+    return n
 
 
 def confirm_incoming(tx: Tx, *, msg_id: str) -> bool:
@@ -439,8 +574,80 @@ def gc(tx: Tx, *, before: float) -> tuple[int, int]:
         (before,),
     )
     inn = tx.rowcount(
-        "DELETE FROM homing_http_inbox WHERE received_at < ? "
+        "DELETE FROM homing_http_inbox WHERE received_at < ? AND dead_at IS NULL "
         "AND (state <> 'received' OR mode = 'put')",
         (before,),
     )
     return out, inn
+
+
+# -- endpoints (the disable-after rule) ------------------------------------------------------
+@dataclass(frozen=True)
+class EndpointRow:
+    endpoint: str
+    failing_since: float
+    last_error: str | None
+    disabled_at: float | None
+    reason: str | None
+
+
+def endpoint_failed(tx: Tx, endpoint: str, *, now: float, error: str, disable_after: float) -> bool:
+    """Record a failed attempt; True if the endpoint has now failed for ``disable_after``
+    seconds without a success in between and is disabled by this call."""
+    tx.execute(
+        "INSERT INTO homing_http_endpoints (endpoint, failing_since, last_error) "
+        "VALUES (?, ?, ?) ON CONFLICT (endpoint) DO UPDATE SET last_error = excluded.last_error",
+        (endpoint, now, error[:2000]),
+    )
+    return (
+        tx.rowcount(
+            "UPDATE homing_http_endpoints SET disabled_at = ?, reason = ? "
+            "WHERE endpoint = ? AND disabled_at IS NULL AND failing_since <= ?",
+            (
+                now,
+                f"failing without a success for {disable_after / 86400:g} days; last: {error}"[
+                    :2000
+                ],
+                endpoint,
+                now - disable_after,
+            ),
+        )
+        == 1
+    )
+
+
+def endpoint_ok(tx: Tx, endpoint: str) -> None:
+    """A delivery succeeded: the endpoint is not failing (a disabled one stays disabled)."""
+    tx.execute(
+        "DELETE FROM homing_http_endpoints WHERE endpoint = ? AND disabled_at IS NULL",
+        (endpoint,),
+    )
+
+
+def endpoints(tx: Tx, *, limit: int) -> list[EndpointRow]:
+    rows = tx.query(
+        "SELECT endpoint, failing_since, last_error, disabled_at, reason "
+        "FROM homing_http_endpoints ORDER BY failing_since, endpoint LIMIT ?",
+        (limit,),
+    )
+    return [EndpointRow(str(r[0]), float(r[1]), r[2], r[3], r[4]) for r in rows]
+
+
+def disabled_endpoints(tx: Tx) -> dict[str, str]:
+    rows = tx.query(
+        "SELECT endpoint, reason FROM homing_http_endpoints WHERE disabled_at IS NOT NULL"
+    )
+    return {str(r[0]): str(r[1] or "") for r in rows}
+
+
+def endpoint_disabled(tx: Tx, endpoint: str) -> str | None:
+    """The reason ``endpoint`` is disabled, None if it is not."""
+    row = tx.query_one(
+        "SELECT reason FROM homing_http_endpoints WHERE endpoint = ? AND disabled_at IS NOT NULL",
+        (endpoint,),
+    )
+    return None if row is None else str(row[0] or "disabled")
+
+
+def enable_endpoint(tx: Tx, endpoint: str) -> bool:
+    return tx.rowcount("DELETE FROM homing_http_endpoints WHERE endpoint = ?", (endpoint,)) == 1

@@ -74,4 +74,47 @@ def _tables(real: str, blob: str, serial: str) -> tuple[str, ...]:
 _SQLITE = _tables("REAL", "BLOB", "INTEGER PRIMARY KEY AUTOINCREMENT")
 _POSTGRES = _tables("DOUBLE PRECISION", "BYTEA", "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY")
 
-MIGRATIONS: list[Migration] = [Migration(1, "http_outbox_inbox", _SQLITE, _POSTGRES)]
+#: v2: the sender's own request headers (JSON) kept with the message; the inbox keeps the
+#: history of failed attempts (JSON) and marks dead letters (``dead_at``: the body is kept
+#: until the dead letter is redriven or purged; gc never drops it).
+_V2 = (
+    "ALTER TABLE homing_http_outbox ADD COLUMN headers TEXT",
+    "ALTER TABLE homing_http_inbox ADD COLUMN history TEXT",
+    "ALTER TABLE homing_http_inbox ADD COLUMN dead_at {real}",
+    "CREATE INDEX homing_http_inbox_dead ON homing_http_inbox (dead_at) WHERE dead_at IS NOT NULL",
+    "CREATE INDEX homing_http_outbox_failed ON homing_http_outbox (finished_at) "
+    "WHERE state = 'failed'",
+)
+
+#: v3: endpoints that are failing (since when) or disabled by the disable-after rule. A row
+#: exists only while its endpoint fails: a delivery that succeeds deletes it (bounded).
+#: An accepted job keeps the receiver's status URL, so the sender can fetch a result that
+#: could not be delivered to it; job results are found by the job's id.
+_V3 = (
+    "ALTER TABLE homing_http_outbox ADD COLUMN status_url TEXT",
+    "CREATE INDEX homing_http_outbox_reply ON homing_http_outbox (in_reply_to) "
+    "WHERE in_reply_to IS NOT NULL",
+    """CREATE TABLE homing_http_endpoints (
+        endpoint TEXT PRIMARY KEY,
+        failing_since {real} NOT NULL,
+        last_error TEXT,
+        disabled_at {real},
+        reason TEXT
+    )""",
+)
+
+MIGRATIONS: list[Migration] = [
+    Migration(1, "http_outbox_inbox", _SQLITE, _POSTGRES),
+    Migration(
+        2,
+        "http_headers_history_dead_letters",
+        tuple(s.format(real="REAL") for s in _V2),
+        tuple(s.format(real="DOUBLE PRECISION") for s in _V2),
+    ),
+    Migration(
+        3,
+        "http_endpoints",
+        tuple(s.format(real="REAL") for s in _V3),
+        tuple(s.format(real="DOUBLE PRECISION") for s in _V3),
+    ),
+]

@@ -1,0 +1,114 @@
+"""The receiver's background worker: polls the inbox for due Option 2 and job entries and
+hands them, in batches, to a small thread pool (each batch one transaction). It also keeps
+the set of entries being handled in this process, so that a put being served and its
+retries are told apart (409), and runs gc with the inbox retention."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+
+from homing.database import Database
+from homing.http._group import write_lock
+from homing.http._inbox import Inbox
+from homing.store import http_queries as q
+
+log = logging.getLogger("homing.http")
+
+_BATCH = 32  # Option-2/job messages handled per transaction by one inbox worker
+GC_EVERY_S = 600.0
+
+
+def gc(db: Database, *, older_than: float) -> tuple[int, int]:
+    """Forget delivered outbox rows and handled inbox ids older than ``older_than`` seconds
+    (never a dead letter). Returns (outbox rows, inbox rows) deleted. Run it with the inbox
+    retention period."""
+    with write_lock(db.store), db.store.transaction() as tx:
+        return q.gc(tx, before=db.clock.now() - older_than)
+
+
+class InboxWorker:
+    def __init__(self, db: Database, inbox: Inbox, *, workers: int, retention: float) -> None:
+        self.db = db
+        self.inbox = inbox
+        self.workers = workers
+        self.retention = retention
+        self._running: set[str] = set()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pool: ThreadPoolExecutor | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
+    # -- entries being handled in this process ---------------------------------------------
+    def claim(self, msg_id: str) -> bool:
+        """Mark ``msg_id`` as being handled here; False if it already is."""
+        with self._lock:
+            if msg_id in self._running:
+                return False
+            self._running.add(msg_id)
+            return True
+
+    def release(self, msg_ids: Iterable[str]) -> None:
+        with self._lock:
+            self._running.difference_update(msg_ids)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="homing-in")
+        self._thread = threading.Thread(target=self._loop, name="homing-http-inbox", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(10)
+            self._thread = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _loop(self) -> None:
+        last_gc = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                with self.db.store.transaction(write=False) as tx:
+                    due = q.due_incoming(tx, now=self.db.clock.now(), limit=self.workers * _BATCH)
+            except Exception as exc:
+                log.warning("inbox poll failed: %s", exc)
+                due = []
+            due = [msg_id for msg_id in due if self.claim(msg_id)]
+            assert self._pool is not None
+            chunks = [due[i :: self.workers] for i in range(self.workers)]
+            futures = [self._pool.submit(self._background, chunk) for chunk in chunks if chunk]
+            for f in futures:
+                f.result()
+            if not due:
+                self._wake.wait(0.1)
+                self._wake.clear()
+            if time.monotonic() - last_gc > GC_EVERY_S:
+                last_gc = time.monotonic()
+                try:
+                    gc(self.db, older_than=self.retention)
+                except Exception as exc:
+                    log.warning("inbox gc failed: %s", exc)
+
+    def _background(self, msg_ids: list[str]) -> None:
+        try:
+            self.inbox.background(msg_ids, self._stop.wait)
+        finally:
+            self.release(msg_ids)
