@@ -609,7 +609,7 @@ def connect(
             try:
                 for i, u in enumerate(urls):
                     store = open_store(u, clock=clock, durable=durable, pool_size=pool_size)
-                    if store.dialect != "postgres":
+                    if not store.capabilities.concurrent_writers:  # a single-writer file
                         store.close()
                         raise ConfigurationError(
                             f"shards must be PostgreSQL databases; {u!r} is not"

@@ -1,6 +1,7 @@
 """Group commit: many small writes from concurrent asyncio tasks share one transaction.
 
-Each write is a function of an open ``Tx``. The writes queued while one commit is in flight
+Each write is a function of an open ``Tx``. (On SQLite the store itself queues this
+process's writers on one lock, so a commit here never sleeps in SQLite's busy handler.) The writes queued while one commit is in flight
 go together in the next transaction, so N concurrent requests cost one fsync instead of N.
 If a batch fails, its writes are retried one transaction each, so one bad write cannot take
 the others down with it. A write's caller resumes only after its transaction committed.
@@ -9,35 +10,12 @@ the others down with it. A write's caller resumes only after its transaction com
 from __future__ import annotations
 
 import asyncio
-import threading
-import weakref
 from collections.abc import Awaitable, Callable
-from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from homing.store.protocol import Store, Tx
 
 Runner = Callable[[Callable[[], Any]], Awaitable[Any]]
-
-_locks: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKeyDictionary()
-_guard = threading.Lock()
-
-
-def write_lock(store: Store) -> AbstractContextManager[Any]:
-    """On SQLite, one writer at a time per store object in this process.
-
-    SQLite admits one writer; threads that meet a held write lock sleep in its busy handler
-    in steps of up to 100 ms, which ruins latency under concurrency. Queueing on a Python
-    lock first hands the database over at once. (Re-entrant: a handler may write through
-    homing.http while its own transaction is open.) PostgreSQL needs no such lock.
-    """
-    if store.dialect != "sqlite":
-        return nullcontext()
-    with _guard:
-        lock = _locks.get(store)
-        if lock is None:
-            lock = _locks[store] = threading.RLock()
-    return lock
 
 
 class GroupCommit:
@@ -56,7 +34,7 @@ class GroupCommit:
         return await fut
 
     def _commit(self, fns: list[Callable[[Tx], Any]]) -> list[Any]:
-        with write_lock(self.store), self.store.transaction() as tx:
+        with self.store.transaction() as tx:
             return [fn(tx) for fn in fns]
 
     async def _flush(self) -> None:

@@ -18,7 +18,6 @@ from homing._failpoints import failpoint
 from homing.database import Database, Transaction
 from homing.errors import PermanentFailure
 from homing.http import wire
-from homing.http._group import write_lock
 from homing.http.policy import RetryPolicy
 from homing.store import http_queries as q
 from homing.store.protocol import Tx
@@ -107,7 +106,7 @@ class Inbox:
         With ``store`` the entry is inserted in that same transaction first (Option 1: one
         commit stores the request, the handler's writes and the response); a repeat with
         another body is refused with 422 and changes nothing."""
-        with write_lock(self.db.store), self.db.transaction() as t:
+        with self.db.transaction() as t:
             if store is not None:
                 if not q.try_lock_message(t.tx, msg_id):
                     return None  # another process is serving this id now: 409
@@ -237,7 +236,7 @@ class Inbox:
         """One attempt at each of several due entries in one transaction, each handler in a
         savepoint (a group commit for the inbox: one fsync for the batch on SQLite)."""
         handled = 0
-        with write_lock(self.db.store), self.db.transaction() as t:
+        with self.db.transaction() as t:
             for msg_id in msg_ids:
                 ok, row = q.lock_incoming(t.tx, msg_id)
                 if ok and row is not None and row.state == "received":

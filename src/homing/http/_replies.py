@@ -9,7 +9,6 @@ import base64
 from typing import Any
 
 from homing.database import Database
-from homing.http._group import write_lock
 from homing.store import http_queries as q
 
 
@@ -48,7 +47,7 @@ def _store_reply_tx(
     body: bytes,
     now: float,
 ) -> str:
-    with write_lock(db.store), db.store.transaction() as tx:
+    with db.store.transaction() as tx:
         existing = q.insert_incoming(
             tx,
             msg_id=msg_id,

@@ -12,7 +12,6 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 from homing.database import Database
-from homing.http._group import write_lock
 from homing.http._inbox import Inbox
 from homing.store import http_queries as q
 
@@ -26,7 +25,7 @@ def gc(db: Database, *, older_than: float) -> tuple[int, int]:
     """Forget delivered outbox rows and handled inbox ids older than ``older_than`` seconds
     (never a dead letter). Returns (outbox rows, inbox rows) deleted. Run it with the inbox
     retention period."""
-    with write_lock(db.store), db.store.transaction() as tx:
+    with db.store.transaction() as tx:
         return q.gc(tx, before=db.clock.now() - older_than)
 
 

@@ -38,7 +38,7 @@ from homing.http._endpoints import (
     retry_after_seconds,
     target,
 )
-from homing.http._group import GroupCommit, write_lock
+from homing.http._group import GroupCommit
 from homing.http._netguard import RefusedAddress, guarded_transport
 from homing.http._waiters import notify_changed
 from homing.http.policy import DEFAULT_FATAL_STATUSES, EndpointLimit, RetryPolicy, is_fatal
@@ -137,16 +137,20 @@ class Dispatcher:
             )
             self._thread.start()
             self._started.wait(10)
-            if self.db.dialect == "postgres":  # wake up on enqueues by other processes
+            if self.db.store.capabilities.notifications:  # enqueues by other processes
                 threading.Thread(
                     target=self._listen, name="homing-http-listen", daemon=True
                 ).start()
         return self
 
     def _listen(self) -> None:
+        try:
+            wakeup = self.db.store.wakeup("homing_http")
+        except Exception:  # the store is closing or down: the idle poll still works
+            return
         while not self._stopping:
             try:
-                if self.db.store.wait_for_notification("homing_http", 1.0):
+                if wakeup.wait(1.0):
                     self.wake()
             except Exception:  # the store is closing or down: the idle poll still works
                 time.sleep(1.0)
@@ -249,7 +253,7 @@ class Dispatcher:
         """Rows claimed by a dispatcher on this host whose process is gone are due at once
         (no need to wait for the claim lease: a restarted sender resumes immediately)."""
         host = socket.gethostname()
-        with write_lock(self.db.store), self.db.store.transaction() as tx:
+        with self.db.store.transaction() as tx:
             for token in q.live_claims(tx, now=self.db.clock.now()):
                 t_host, _, rest = token.partition(":")
                 pid = rest.split(":", 1)[0]
@@ -258,7 +262,7 @@ class Dispatcher:
 
     def _claim(self, token: str, limit: int) -> list[q.OutboxRow]:
         now = self.db.clock.now()
-        with write_lock(self.db.store), self.db.store.transaction() as tx:
+        with self.db.store.transaction() as tx:
             return q.claim_work(
                 tx, now=now, until=now + self.claim_lease, token=token, limit=min(limit, 64)
             )
@@ -458,7 +462,7 @@ class Dispatcher:
         now = self.db.clock.now()
         at = now + self.retry.delay(row.attempts, retry_after)
         self.stats["retries"] += 1
-        with write_lock(self.db.store), self.db.store.transaction() as tx:
+        with self.db.store.transaction() as tx:
             q.mark_retry(tx, row.id, token, at=min(at, max(row.deadline, now)), error=error)
             if self.endpoints.failed(tx, row.url, now=now, error=error):
                 log.warning("endpoint %s disabled: %s", row.url, error)
@@ -474,7 +478,7 @@ class Dispatcher:
         """End the row ``failed``; ``counts``: a failure of the endpoint (disable rule)."""
         status, ctype, body = answer if answer is not None else (None, None, None)
         now = self.db.clock.now()
-        with write_lock(self.db.store), self.db.store.transaction() as tx:
+        with self.db.store.transaction() as tx:
             done = q.mark_failed(
                 tx,
                 row.id,

@@ -25,7 +25,7 @@ from homing._failpoints import failpoint
 from homing.database import Database, Transaction
 from homing.errors import InvalidArgument, NotFound, PayloadTooLarge
 from homing.http import wire
-from homing.http._group import GroupCommit, write_lock
+from homing.http._group import GroupCommit
 from homing.http._waiters import waiters
 from homing.http.dispatcher import DEADLINE_PREFIX, Dispatcher
 from homing.http.errors import DeadlineExceeded, MessageFailed
@@ -217,7 +217,7 @@ class Sender:
             self._insert(raw, msg=msg)
             raw.call_after_commit(lambda: failpoint("http.sender.after_outbox_insert"))
         else:
-            with write_lock(self.db.store), self.db.store.transaction() as own:
+            with self.db.store.transaction() as own:
                 self._insert(own, msg=msg)
             failpoint("http.sender.after_outbox_insert")
         return Pending(msg.id, kind, self)
@@ -312,7 +312,7 @@ class Sender:
                 body=row.resp_body,
             )
         if row.state == "accepted" and self.db.clock.now() > row.deadline:
-            with write_lock(self.db.store), self.db.store.transaction() as wtx:
+            with self.db.store.transaction() as wtx:
                 q.mark_failed(
                     wtx,
                     msg_id,
