@@ -66,9 +66,7 @@ def test_run_at_accepts_aware_datetimes_only(jobs: JobAPI) -> None:
         jobs.insert("t", None, run_at=datetime.now())
 
 
-def test_unique_key_returns_first_handle_while_retained(
-    jobs: JobAPI, clock: ManualClock
-) -> None:
+def test_unique_key_returns_first_handle_while_retained(jobs: JobAPI, clock: ManualClock) -> None:
     first = jobs.insert("charge", {"cents": 100}, unique_key="order-1")
     assert jobs.insert("charge", {"cents": 999}, unique_key="order-1") == first
     job = jobs.grab("charge", lock_for=5)
@@ -214,9 +212,7 @@ def test_expired_lease_is_regrabbed_and_old_holder_is_fenced(
     assert jobs.details(h).state == "done"
 
 
-def test_expired_but_not_regrabbed_lease_may_still_finish(
-    jobs: JobAPI, clock: ManualClock
-) -> None:
+def test_expired_but_not_regrabbed_lease_may_still_finish(jobs: JobAPI, clock: ManualClock) -> None:
     jobs.insert("t", None)
     job = jobs.grab("t", lock_for=1)
     assert job is not None
@@ -262,9 +258,7 @@ def test_never_grabbed_job_cannot_be_completed(jobs: JobAPI) -> None:
         jobs.complete(h, lease_token=homing.uuid7())
 
 
-def test_temp_fail_schedules_retry_and_records_history(
-    jobs: JobAPI, clock: ManualClock
-) -> None:
+def test_temp_fail_schedules_retry_and_records_history(jobs: JobAPI, clock: ManualClock) -> None:
     h = jobs.insert("t", {"n": 1})
     job = jobs.grab("t", lock_for=10, worker_id="w")
     assert job is not None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import secrets
 import threading
 import time
 import zlib
@@ -25,7 +26,7 @@ from homing.jobs import (
 from homing.store import jobs_queries as q
 from homing.store import open_store
 from homing.store.protocol import Store, Tx, Wakeup
-from homing.store.wakeup import AnyWakeup
+from homing.store.wakeup import AnyWakeup, IdleWakeup
 
 
 @runtime_checkable
@@ -65,6 +66,7 @@ class JobAPI(Protocol):
         limit: int,
         where: Mapping[str, Any] | None = None,
         worker_id: str | None = None,
+        idle_channel: str | None = None,
     ) -> list[Job]: ...
 
     def complete(self, job: Job | str, *, lease_token: str | None = None) -> None: ...
@@ -110,6 +112,17 @@ class JobAPI(Protocol):
     def wait_for_jobs(self, timeout: float) -> bool: ...
 
     def wakeup(self, *, min_poll: float = 0.002, max_poll: float = 0.1) -> Wakeup: ...
+
+    def idle_wakeup(
+        self,
+        *,
+        min_poll: float = 0.002,
+        max_poll: float = 0.1,
+        idle_wait: float = 0.5,
+        channel: str | None = None,
+    ) -> IdleWakeup: ...
+
+    def forget_idle(self, channel: str) -> None: ...
 
     def close(self) -> None: ...
 
@@ -166,11 +179,22 @@ class _JobAPI:
         limit: int,
         where: Mapping[str, Any] | None = None,
         worker_id: str | None = None,
+        idle_channel: str | None = None,
     ) -> list[Job]:
-        """Lease up to ``limit`` jobs atomically (one lease token for the batch)."""
+        """Lease up to ``limit`` jobs atomically (one lease token for the batch).
+
+        ``idle_channel`` (from ``idle_wakeup()``) is for workers: when nothing was found the
+        caller is registered as idle in the same statement, so that the next insert wakes
+        it (and only as many idle workers as it inserted jobs), instead of every worker."""
         with self._stmt() as tx:
             return self._ops.grab(
-                tx, types, lock_for=lock_for, where=where, limit=limit, worker_id=worker_id
+                tx,
+                types,
+                lock_for=lock_for,
+                where=where,
+                limit=limit,
+                worker_id=worker_id,
+                idle_channel=idle_channel,
             )
 
     def complete(self, job: Job | str, *, lease_token: str | None = None) -> None:
@@ -320,6 +344,29 @@ class Database(_JobAPI):
         """A waiter for new jobs: NOTIFY on PostgreSQL, a back-off poll on SQLite."""
         return self.store.wakeup(q.JOBS_CHANNEL, min_poll=min_poll, max_poll=max_poll)
 
+    def idle_wakeup(
+        self,
+        *,
+        min_poll: float = 0.002,
+        max_poll: float = 0.1,
+        idle_wait: float = 0.5,
+        channel: str | None = None,
+    ) -> IdleWakeup:
+        """A worker's waiter that is woken alone: pass its ``channel`` to ``grab_many``
+        (``idle_channel=``), which registers the worker as idle when it found nothing; an
+        insert then wakes as many idle workers as it inserted jobs, not every one. Between
+        wake-ups it still looks now and then (from 25 ms, doubling to ``max_poll``), which
+        bounds what a registration racing an insert can cost. On SQLite: a back-off poll."""
+        if not self.store.capabilities.notifications:
+            return IdleWakeup(None, self.wakeup(min_poll=min_poll, max_poll=max_poll))
+        channel = channel or f"homing_jobs_w_{secrets.token_hex(6)}"
+        return IdleWakeup(channel, self.store.wakeup(channel), first=0.05, longest=idle_wait)
+
+    def forget_idle(self, channel: str) -> None:
+        """Unregister an idle worker's channel (at its shutdown)."""
+        with self.store.statement() as tx:
+            q.forget_idle(tx, channel)
+
     def close(self) -> None:
         self.store.close()
 
@@ -411,13 +458,19 @@ class ShardedDatabase:
         limit: int,
         where: Mapping[str, Any] | None = None,
         worker_id: str | None = None,
+        idle_channel: str | None = None,
     ) -> list[Job]:
         start = self._next(self._grab_rr)
         got: list[Job] = []
         for k in range(len(self.shards)):
             shard = self.shards[(start + k) % len(self.shards)]
             got += shard.grab_many(
-                types, lock_for=lock_for, limit=limit - len(got), where=where, worker_id=worker_id
+                types,
+                lock_for=lock_for,
+                limit=limit - len(got),
+                where=where,
+                worker_id=worker_id,
+                idle_channel=idle_channel,
             )
             if len(got) >= limit:
                 break
@@ -561,6 +614,28 @@ class ShardedDatabase:
     def wakeup(self, *, min_poll: float = 0.002, max_poll: float = 0.1) -> Wakeup:
         """Wakes on new jobs of any shard."""
         return AnyWakeup([s.wakeup(min_poll=min_poll, max_poll=max_poll) for s in self.shards])
+
+    def idle_wakeup(
+        self,
+        *,
+        min_poll: float = 0.002,
+        max_poll: float = 0.1,
+        idle_wait: float = 0.5,
+        channel: str | None = None,
+    ) -> IdleWakeup:
+        """One channel, registered on every shard (see ``Database.idle_wakeup``)."""
+        channel = channel or f"homing_jobs_w_{secrets.token_hex(6)}"
+        waits = [
+            s.idle_wakeup(
+                min_poll=min_poll, max_poll=max_poll, idle_wait=idle_wait, channel=channel
+            )
+            for s in self.shards
+        ]
+        return IdleWakeup(channel, AnyWakeup(waits))
+
+    def forget_idle(self, channel: str) -> None:
+        for s in self.shards:
+            s.forget_idle(channel)
 
     def close(self) -> None:
         for s in self.shards:

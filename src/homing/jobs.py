@@ -292,6 +292,7 @@ class JobOps:
         where: Mapping[str, Any] | None,
         limit: int,
         worker_id: str | None,
+        idle_channel: str | None = None,
     ) -> list[Job]:
         names = check_types(types)
         seconds = check_seconds("lock_for", lock_for, allow_zero=False, maximum=MAX_LOCK_FOR_S)
@@ -307,7 +308,9 @@ class JobOps:
             pid=os.getpid(),
             worker=worker_id or default_worker_id(),
         )
-        rows = q.grab_jobs(tx, names, now=now, lease=lease, limit=limit, where=where)
+        rows = q.grab_jobs(
+            tx, names, now=now, lease=lease, limit=limit, where=where, idle_channel=idle_channel
+        )
         return [
             Job(
                 handle=self.handle_of(r["id"]),

@@ -30,6 +30,7 @@ class GrabRequest:
     where_sql: str = ""  # " AND <clause>" over the column ``args``, or ""
     where_params: Sequence[Any] = ()
     expired_after: float | None = None  # only leases that expired after this (None: all)
+    idle_channel: str | None = None  # a worker's wake-up channel: registered idle if empty
 
     @property
     def lease_params(self) -> list[Any]:
@@ -57,6 +58,10 @@ class SqlDialect:
 
     def notify(self, tx: Tx, channel: str) -> None:
         """Announce work on ``channel`` at commit (no-op where nobody listens)."""
+
+    def announce_jobs(self, tx: Tx, channel: str, count: int) -> None:
+        """Announce ``count`` new jobs at commit: wake that many idle workers, and the
+        listeners of ``channel`` (no-op where nobody listens)."""
 
     def load_json(self, value: Any) -> Any:
         """A JSON column's value as Python (PostgreSQL's driver decodes jsonb itself)."""

@@ -58,6 +58,9 @@ def _row(tx: Tx, values: Sequence[Any]) -> dict[str, Any]:
 
 # -- insert ------------------------------------------------------------------------------
 JOBS_CHANNEL = "homing_jobs"
+_MANY = 1000  # a committed batch may hold millions of jobs: wake every idle worker
+IDLE_FORGOTTEN_AFTER_S = 3600.0  # an idle registration not renewed for this long: its
+# worker died (idle workers renew theirs at every empty grab)
 
 
 def insert_jobs(tx: Tx, jobs: Sequence[NewJob]) -> list[str]:
@@ -251,6 +254,7 @@ def grab_jobs(
     lease: Lease,
     limit: int,
     where: Mapping[str, Any] | None,
+    idle_channel: str | None = None,
 ) -> list[dict[str, Any]]:
     """Lease up to ``limit`` available jobs of ``types`` to one holder, atomically.
 
@@ -279,6 +283,7 @@ def grab_jobs(
         where_sql=where_sql,
         where_params=where_params,
         expired_after=low,
+        idle_channel=idle_channel,
     )
     rows = tx.sql.grab(tx, request, _COLS)
     if marks is not None:
@@ -319,7 +324,7 @@ def commit_batch(tx: Tx, batch_id: str, *, now: float) -> bool:
         == 1
     )
     if changed:
-        tx.sql.notify(tx, JOBS_CHANNEL)
+        tx.sql.announce_jobs(tx, JOBS_CHANNEL, _MANY)
     return changed
 
 
@@ -353,6 +358,14 @@ def finish_many(tx: Tx, job_ids: Sequence[str], token: str, *, now: float) -> in
     )
 
 
+def forget_idle(tx: Tx, channel: str) -> None:
+    """Unregister an idle worker (it is shutting down)."""
+    tx.execute(
+        "DELETE FROM homing_idle_workers WHERE channel = ?",
+        (tx.store.notify_channel(channel) if hasattr(tx.store, "notify_channel") else channel,),
+    )
+
+
 def finish_leased(tx: Tx, pairs: Sequence[tuple[str, str]], *, now: float) -> set[str]:
     """Mark done each (job id, lease token) whose lease still holds, in one statement
     where the backend allows; returns the ids done. Refused ones are left as they are."""
@@ -371,7 +384,7 @@ def reschedule(tx: Tx, job_id: str, token: str, *, run_at: float, error: str | N
         == 1
     )
     if changed and run_at <= tx.store.clock.now():
-        tx.sql.notify(tx, JOBS_CHANNEL)  # released for another worker: wake one up
+        tx.sql.announce_jobs(tx, JOBS_CHANNEL, 1)  # released for another worker: wake one
     return changed
 
 
@@ -443,6 +456,10 @@ def gc(tx: Tx, *, finished_before: float) -> int:
     deleted = tx.rowcount(
         "DELETE FROM homing_jobs WHERE finished_at IS NOT NULL AND finished_at < ?",
         (finished_before,),
+    )
+    tx.execute(
+        "DELETE FROM homing_idle_workers WHERE since < ?",
+        (tx.store.clock.now() - IDLE_FORGOTTEN_AFTER_S,),
     )
     tx.execute(
         "DELETE FROM homing_job_batches WHERE state <> 'open' AND created_at < ? AND NOT EXISTS "

@@ -27,6 +27,15 @@ _OLD = (
 )
 
 
+# Pops up to {count} idle workers (the most recently idle first: a worker that died idle
+# sinks to the end) and hands their channels to the statement's final SELECT.
+_WAKE_IDLE = (
+    "woken AS (DELETE FROM homing_idle_workers w WHERE w.channel IN (SELECT channel FROM "
+    "homing_idle_workers ORDER BY since DESC LIMIT {count} FOR UPDATE SKIP LOCKED){only_if} "
+    "RETURNING w.channel)"
+)
+
+
 def _returning(columns: str) -> str:
     cols = ", ".join(f"j.{c.strip()}" for c in columns.split(","))
     return f"RETURNING {cols}, c.old_state, c.old_host, c.old_pid, c.old_worker, c.old_exp"
@@ -43,6 +52,13 @@ class PostgresSql(SqlDialect):
 
     def notify(self, tx: Tx, channel: str) -> None:
         tx.execute("SELECT pg_notify(?, '')", (tx.store.notify_channel(channel),))  # type: ignore[attr-defined]
+
+    def announce_jobs(self, tx: Tx, channel: str, count: int) -> None:
+        tx.execute(
+            f"WITH {_WAKE_IDLE.format(count='?', only_if='')} "
+            "SELECT pg_notify(?, ?) UNION ALL SELECT pg_notify(channel, '') FROM woken",
+            (count, tx.store.notify_channel(channel), str(count)),  # type: ignore[attr-defined]
+        )
 
     def json_text(self, expr: str) -> str:
         return f"{expr}::text"
@@ -124,14 +140,23 @@ class PostgresSql(SqlDialect):
     # -- jobs ----------------------------------------------------------------------------
     def insert_jobs(self, tx: Tx, rows: Sequence[tuple[Any, ...]], channel: str) -> None:
         full = tx.store.notify_channel(channel)  # type: ignore[attr-defined]
-        # The wake-up rides in the same statement, only when something was inserted.
-        announce = "SELECT pg_notify(?, ?) WHERE EXISTS (SELECT 1 FROM ins)"
+        # The wake-up rides in the same statement, only when something was inserted: as many
+        # idle workers as jobs were inserted (each on its own channel), and the listeners of
+        # the jobs channel (Database.wait_for_jobs).
+        announce = (
+            ", "
+            + _WAKE_IDLE.format(
+                count="(SELECT count(*) FROM ins)", only_if=" AND EXISTS (SELECT 1 FROM ins)"
+            )
+            + " SELECT pg_notify(?, ?) WHERE EXISTS (SELECT 1 FROM ins) "
+            "UNION ALL SELECT pg_notify(channel, '') FROM woken"
+        )
         if len(rows) == 1:
             r = rows[0]
             tx.execute(
                 f"WITH ins AS (INSERT INTO homing_jobs ({_INSERT_COLS}) "
                 "VALUES (?, ?, ?::jsonb, ?, 'ready', ?, ?, ?, ?, ?) "
-                f"ON CONFLICT DO NOTHING RETURNING 1) {announce}",
+                f"ON CONFLICT DO NOTHING RETURNING 1){announce}",
                 (r[0], r[1], r[2], r[3], r[4], r[4], r[5], r[6], r[7], full, "1"),
             )
             return
@@ -151,7 +176,7 @@ class PostgresSql(SqlDialect):
             "SELECT e->>0, e->>1, e->2, (e->>3)::int, 'ready', (e->>4)::float8, "
             "(e->>4)::float8, e->>5, e->>6, (e->>7)::float8 "
             "FROM jsonb_array_elements(?::jsonb) AS e "
-            f"ON CONFLICT DO NOTHING RETURNING 1) {announce}",
+            f"ON CONFLICT DO NOTHING RETURNING 1){announce}",
             (doc, full, str(len(rows))),
         )
 
@@ -215,7 +240,21 @@ class PostgresSql(SqlDialect):
         tx: Tx, g: GrabRequest, columns: str, pick: str, params: list[Any]
     ) -> list[tuple[Any, ...]]:
         """Lease the rows of CTE ``c`` (``pick``); a takeover of an expired lease is
-        recorded in the failure history in the same statement."""
+        recorded in the failure history in the same statement. With ``idle_channel`` the
+        caller is registered as an idle worker when it got nothing (so that the next insert
+        wakes it), and unregistered when it got work (so that no insert wakes it while
+        busy), in the same statement too."""
+        idle, idle_params = "", []
+        if g.idle_channel is not None:
+            channel = tx.store.notify_channel(g.idle_channel)  # type: ignore[attr-defined]
+            idle = (
+                ", idle AS (INSERT INTO homing_idle_workers (channel, since) SELECT ?, ? "
+                "WHERE NOT EXISTS (SELECT 1 FROM upd) ON CONFLICT (channel) DO UPDATE SET "
+                "since = excluded.since RETURNING 1), "
+                "busy AS (DELETE FROM homing_idle_workers WHERE channel = ? "
+                "AND EXISTS (SELECT 1 FROM upd) RETURNING 1)"
+            )
+            idle_params = [channel, g.now, channel]
         return tx.query(
             f"{pick}, upd AS (UPDATE homing_jobs j SET "
             f"{SET_LEASE.replace('attempts + 1', 'j.attempts + 1')} "
@@ -224,9 +263,9 @@ class PostgresSql(SqlDialect):
             "(job_id, attempt, at, kind, host, pid, worker, message) "
             "SELECT id, attempts - 1, ?, 'lease_expired', old_host, old_pid, old_worker, "
             "'lease expired at ' || round(old_exp::numeric, 3)::text "
-            "|| ' without completion; handed out again' FROM upd WHERE old_state = 'running') "
-            "SELECT * FROM upd",
-            [*params, *g.lease_params, g.now],
+            "|| ' without completion; handed out again' FROM upd WHERE old_state = 'running')"
+            f"{idle} SELECT * FROM upd",
+            [*params, *g.lease_params, g.now, *idle_params],
         )
 
     def finish_leased(self, tx: Tx, pairs: Sequence[tuple[str, str]], *, now: float) -> set[str]:

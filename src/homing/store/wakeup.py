@@ -78,3 +78,35 @@ class AnyWakeup:
     def interrupt(self) -> None:
         for w in self._wakeups:
             w.interrupt()
+
+
+class IdleWakeup:
+    """A worker's wake-up that knows its own channel (None where there is none): grabs
+    made with ``idle_channel=channel`` register the worker as idle, and an insert wakes as
+    many registered workers as it inserted jobs. Between wake-ups it looks anyway after
+    ``first`` seconds, doubling up to ``longest``: a registration that raced an insert (its
+    job was committed just after the empty grab looked, and the insert did not see the
+    registration yet) costs at most that step."""
+
+    def __init__(
+        self, channel: str | None, inner: Any, *, first: float = 0.0, longest: float = 0.0
+    ) -> None:
+        self.channel = channel
+        self._inner = inner
+        self.first = first
+        self.longest = max(first, longest)
+        self._step = first
+
+    def wait(self, timeout: float) -> bool:
+        if self.first <= 0:
+            return bool(self._inner.wait(timeout))
+        woke = bool(self._inner.wait(min(timeout, self._step)))
+        self._step = self.first if woke else min(self.longest, self._step * 2)
+        return woke
+
+    def reset(self) -> None:
+        self._step = self.first
+        self._inner.reset()
+
+    def interrupt(self) -> None:
+        self._inner.interrupt()

@@ -1,7 +1,9 @@
 """The fetcher thread: grabs as many jobs as there are free handler slots (plus
 ``prefetch``), in one ``grab_many``, and hands them to the runners. When nothing is
 available it waits on the store's wake-up (``Database.wakeup``): a NOTIFY on PostgreSQL,
-a back-off poll on SQLite."""
+a back-off poll on SQLite. On PostgreSQL the empty grab registers the worker as idle
+(``Database.idle_wakeup``), so that an insert wakes as many workers as it inserted jobs,
+not every one."""
 
 from __future__ import annotations
 
@@ -41,13 +43,22 @@ def fetch_jobs(w: Worker) -> None:
         if not free:
             break
         try:
-            jobs = w.db.grab_many(w.types, lock_for=w.lock_for, limit=free, worker_id=w.worker_id)
+            jobs = w.db.grab_many(
+                w.types,
+                lock_for=w.lock_for,
+                limit=free,
+                worker_id=w.worker_id,
+                idle_channel=wakeup.channel,
+            )
             errors = 0
         except Exception as exc:  # the store is down: wait and retry
             errors += 1
             log.warning("grab failed (%s); retrying", exc)
             w._stopping.wait(min(5.0, 0.1 * 2**errors))
             continue
+        with w._slots:
+            w.stats.grabs += 1
+            w.stats.empty_grabs += 0 if jobs else 1
         if jobs:
             hand_out(w, [JobContext(w, j, w.app.handler(j.type)) for j in jobs])
             wakeup.reset()

@@ -59,6 +59,8 @@ class WorkerStats:
     """Counts of job outcomes since the worker started."""
 
     grabbed: int = 0
+    grabs: int = 0  # grab statements made
+    empty_grabs: int = 0  # of those, the ones that found nothing
     done: int = 0
     replaced: int = 0
     retried: int = 0
@@ -182,7 +184,9 @@ class Worker:
         if any(self.app.handler(t).is_async for t in self.types):
             self._loop = asyncio.new_event_loop()
             self._spawn("loop", lambda: runner.run_event_loop(self))
-        self.wakeup = self.db.wakeup(min_poll=self.min_poll, max_poll=self.max_poll)
+        self.wakeup = self.db.idle_wakeup(
+            min_poll=self.min_poll, max_poll=self.max_poll, idle_wait=self.idle_wait
+        )
         for i in range(self.concurrency):
             self._spawn(f"runner-{i}", lambda: runner.run_jobs(self))
         self._spawn("completer", lambda: completer.complete_outcomes(self))
@@ -282,6 +286,12 @@ class Worker:
         for thread in self._threads:
             if thread.name == "homing-fetcher" and thread is not threading.current_thread():
                 thread.join(timeout=60.0)
+        channel = getattr(getattr(self, "wakeup", None), "channel", None)
+        if channel is not None:  # no insert should wake this worker any more
+            try:
+                self.db.forget_idle(channel)
+            except Exception as exc:  # the registration ages out (homing gc)
+                log.warning("could not unregister idle channel %s: %s", channel, exc)
         with self._slots:
             while self._inflight > 0 and time.monotonic() < began + self.grace:
                 self._slots.wait(min(0.1, max(0.0, began + self.grace - time.monotonic())))

@@ -134,7 +134,19 @@ _V2_POSTGRES = (
     "ALTER TABLE homing_jobs DROP CONSTRAINT homing_jobs_unique_key_key",
 )
 
+# Version 3: idle workers, so that an insert wakes as many workers as it inserted jobs
+# instead of every one (see PostgresSql.insert_jobs). Unlogged on PostgreSQL: it is
+# ephemeral (a crash empties it; workers register again at their next empty grab) and its
+# writes need no WAL flush. SQLite has no notifications; the table is there, unused.
+_IDLE = "homing_idle_workers (channel TEXT PRIMARY KEY, since {real} NOT NULL)"
+
 MIGRATIONS: list[Migration] = [
     Migration(1, "jobs", _SQLITE, _POSTGRES),
     Migration(2, "ready_index", _V2_SQLITE, _V2_POSTGRES),
+    Migration(
+        3,
+        "idle_workers",
+        ("CREATE TABLE " + _IDLE.format(real="REAL"),),
+        ("CREATE UNLOGGED TABLE " + _IDLE.format(real="DOUBLE PRECISION"),),
+    ),
 ]
