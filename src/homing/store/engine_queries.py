@@ -23,6 +23,10 @@ QUEUE_COLUMNS = (
     "self_destruct",
     "discarded",
     "created_at",
+    "max_deliveries",
+    "message_ttl",
+    "expires",
+    "last_active",
 )
 SELECTOR_COLUMNS = (
     "id",
@@ -37,6 +41,7 @@ SELECTOR_COLUMNS = (
     "granted",
     "last_used",
     "created_at",
+    "seen_at",
 )
 ENTRY_COLUMNS = (
     "seq",
@@ -61,6 +66,8 @@ ENTRY_COLUMNS = (
     "attempts",
     "created_at",
     "done_at",
+    "deaths",
+    "expires_at",
 )
 _Q = ", ".join(QUEUE_COLUMNS)
 _S = ", ".join(SELECTOR_COLUMNS)
@@ -104,13 +111,57 @@ def insert_queue(
     on_overflow: str,
     max_history: int | None,
     self_destruct: bool,
+    max_deliveries: int | None = None,
+    message_ttl: float | None = None,
+    expires: float | None = None,
     now: float,
 ) -> None:
     tx.execute(
         "INSERT INTO homing_engine_queues (name, dead_letter, max_unprocessed, on_overflow, "
-        "max_history, self_destruct, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-        (name, dead_letter, max_unprocessed, on_overflow, max_history, int(self_destruct), now),
+        "max_history, self_destruct, max_deliveries, message_ttl, expires, last_active, "
+        "created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            name,
+            dead_letter,
+            max_unprocessed,
+            on_overflow,
+            max_history,
+            int(self_destruct),
+            max_deliveries,
+            message_ttl,
+            expires,
+            now,
+            now,
+        ),
     )
+
+
+def dead_letter_users(tx: Tx, queue: str) -> list[str]:
+    """Queues that name ``queue`` as their dead-letter queue."""
+    return [
+        str(r[0])
+        for r in tx.query(
+            "SELECT name FROM homing_engine_queues WHERE dead_letter = ? ORDER BY name", (queue,)
+        )
+    ]
+
+
+def touch_queue(tx: Tx, queue: str, now: float) -> None:
+    """Record use of a queue that expires when unused."""
+    tx.execute("UPDATE homing_engine_queues SET last_active = ? WHERE name = ?", (now, queue))
+
+
+def unused_queues(tx: Tx, now: float) -> list[str]:
+    """Queues with an expiry, no selectors, and no use for that long."""
+    return [
+        str(r[0])
+        for r in tx.query(
+            "SELECT q.name FROM homing_engine_queues q WHERE q.expires IS NOT NULL "
+            "AND q.last_active + q.expires <= ? AND NOT EXISTS "
+            "(SELECT 1 FROM homing_engine_selectors s WHERE s.queue = q.name) ORDER BY q.name",
+            (now,),
+        )
+    ]
 
 
 def delete_queue(tx: Tx, name: str) -> None:
@@ -214,8 +265,9 @@ def insert_selector(
 ) -> int:
     row = tx.query_one(
         "INSERT INTO homing_engine_selectors (queue, name, mode, role, match_rule, dest_kind, "
-        "dest, credits, granted, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
-        (queue, name, mode, role, match_rule, dest_kind, dest, credits, credits, now),
+        "dest, credits, granted, created_at, seen_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+        (queue, name, mode, role, match_rule, dest_kind, dest, credits, credits, now, now),
     )
     assert row is not None
     return int(row[0])
@@ -241,6 +293,24 @@ def add_credits(tx: Tx, selector_id: int, n: int, *, grant: bool = False) -> Non
     )
 
 
+def touch_consumer(tx: Tx, consumer: str, *, now: float, absent_before: float) -> list[str]:
+    """A consumer is alive: mark its selectors seen; return the queues of those that had
+    been absent (seen before ``absent_before``), whose held messages it can take again."""
+    back = [
+        str(r[0])
+        for r in tx.query(
+            "SELECT queue FROM homing_engine_selectors WHERE dest_kind = 'consumer' "
+            "AND dest = ? AND seen_at < ?",
+            (consumer, absent_before),
+        )
+    ]
+    tx.execute(
+        "UPDATE homing_engine_selectors SET seen_at = ? WHERE dest_kind = 'consumer' AND dest = ?",
+        (now, consumer),
+    )
+    return back
+
+
 def max_last_used(tx: Tx) -> int:
     row = tx.query_one("SELECT COALESCE(MAX(last_used), 0) FROM homing_engine_selectors")
     return int(row[0]) if row else 0
@@ -261,13 +331,15 @@ class NewEntry:
     parent_seq: int | None
     hops: int
     created_at: float
+    deaths: str | None = None
+    expires_at: float | None = None
 
 
 def insert_entry(tx: Tx, e: NewEntry) -> int:
     row = tx.query_one(
         "INSERT INTO homing_engine_entries (id, queue, state, headers, body, body_kind, address, "
-        "return_address, original_address, reason, parent_seq, hops, created_at) "
-        "VALUES (?, ?, 'ready', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq",
+        "return_address, original_address, reason, parent_seq, hops, created_at, deaths, "
+        "expires_at) VALUES (?, ?, 'ready', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq",
         (
             e.id,
             e.queue,
@@ -281,10 +353,93 @@ def insert_entry(tx: Tx, e: NewEntry) -> int:
             e.parent_seq,
             e.hops,
             e.created_at,
+            e.deaths,
+            e.expires_at,
         ),
     )
     assert row is not None
     return int(row[0])
+
+
+def entry_row(seq: int, e: NewEntry) -> dict[str, Any]:
+    """The row ``insert_entry`` just stored, without reading it back."""
+    return {
+        "seq": seq,
+        "id": e.id,
+        "queue": e.queue,
+        "state": "ready",
+        "headers": e.headers,
+        "body": e.body,
+        "body_kind": e.body_kind,
+        "address": e.address,
+        "return_address": e.return_address,
+        "original_address": e.original_address,
+        "reason": e.reason,
+        "parent_seq": e.parent_seq,
+        "selector_id": None,
+        "consumer": None,
+        "job_id": None,
+        "copied": 0,
+        "hops": e.hops,
+        "lease_token": None,
+        "lease_until": None,
+        "attempts": 0,
+        "created_at": e.created_at,
+        "done_at": None,
+        "deaths": e.deaths,
+        "expires_at": e.expires_at,
+    }
+
+
+def ready_heads(
+    tx: Tx, queue: str, *, after_seq: int, limit: int
+) -> list[tuple[int, str, str | None]]:
+    """(seq, headers, return_address) of ready entries: enough to decide whom they match
+    without loading bodies."""
+    return [
+        (int(s), str(h), r)
+        for s, h, r in tx.query(
+            "SELECT seq, headers, return_address FROM homing_engine_entries WHERE queue = ? "
+            "AND state = 'ready' AND seq > ? ORDER BY seq LIMIT ?",
+            (queue, after_seq, limit),
+        )
+    ]
+
+
+def oldest_ready(tx: Tx, queue: str) -> dict[str, Any] | None:
+    return _dict(
+        ENTRY_COLUMNS,
+        tx.query_one(
+            f"SELECT {_E} FROM homing_engine_entries WHERE queue = ? AND state = 'ready' "
+            "ORDER BY seq LIMIT 1",
+            (queue,),
+        ),
+    )
+
+
+def due_to_expire(tx: Tx, now: float, limit: int) -> list[dict[str, Any]]:
+    """Unprocessed entries past their time to live, oldest deadline first."""
+    return _dicts(
+        ENTRY_COLUMNS,
+        tx.query(
+            f"SELECT {_E} FROM homing_engine_entries WHERE state = 'ready' "
+            "AND expires_at IS NOT NULL AND expires_at <= ? ORDER BY expires_at, seq LIMIT ?",
+            (now, limit),
+        ),
+    )
+
+
+def lapsed_leases(tx: Tx, now: float, limit: int) -> list[dict[str, Any]]:
+    """Entries given to a consumer whose lease (or offer, if never taken) has run out."""
+    return _dicts(
+        ENTRY_COLUMNS,
+        tx.query(
+            f"SELECT {_E} FROM homing_engine_entries WHERE state = 'outstanding' "
+            "AND consumer IS NOT NULL AND lease_until IS NOT NULL AND lease_until <= ? "
+            "ORDER BY lease_until, seq LIMIT ?",
+            (now, limit),
+        ),
+    )
 
 
 def get_entry(tx: Tx, seq: int) -> dict[str, Any] | None:
@@ -328,12 +483,20 @@ def count(tx: Tx, queue: str, state: str) -> int:
 
 
 def set_outstanding(
-    tx: Tx, seq: int, *, selector_id: int, consumer: str | None, job_id: str | None
+    tx: Tx,
+    seq: int,
+    *,
+    selector_id: int,
+    consumer: str | None,
+    job_id: str | None,
+    offer_until: float | None = None,
 ) -> None:
+    """Give an entry to a selector's destination. For a consumer, ``offer_until`` bounds how
+    long it may sit untaken before it goes back to the queue."""
     tx.execute(
         "UPDATE homing_engine_entries SET state = 'outstanding', selector_id = ?, consumer = ?, "
-        "job_id = ?, lease_token = NULL, lease_until = NULL WHERE seq = ?",
-        (selector_id, consumer, job_id, seq),
+        "job_id = ?, lease_token = NULL, lease_until = ? WHERE seq = ?",
+        (selector_id, consumer, job_id, offer_until, seq),
     )
 
 
@@ -397,15 +560,27 @@ def trim_history(tx: Tx, queue: str, keep: int) -> int:
 
 
 def takeable(tx: Tx, consumer: str, *, now: float, limit: int) -> list[dict[str, Any]]:
+    """Entries given to ``consumer`` and not leased now (never taken, or lease run out)."""
     lock = " FOR UPDATE" if tx.dialect == "postgres" else ""
     return _dicts(
         ENTRY_COLUMNS,
         tx.query(
             f"SELECT {_E} FROM homing_engine_entries WHERE consumer = ? AND state = 'outstanding' "
-            "AND (lease_until IS NULL OR lease_until <= ?) ORDER BY seq LIMIT ?" + lock,
+            "AND (lease_token IS NULL OR lease_until <= ?) ORDER BY seq LIMIT ?" + lock,
             (consumer, now, limit),
         ),
     )
+
+
+def notify_channel(tx: Tx) -> str:
+    schema = getattr(tx.store, "schema", None)
+    return f"{schema}_homing_engine" if schema else "homing_engine"
+
+
+def notify_consumers(tx: Tx) -> None:
+    """Wake consumers blocked in ``take(wait=...)`` once this transaction commits."""
+    if tx.dialect == "postgres":
+        tx.execute("SELECT pg_notify(?, '')", (notify_channel(tx),))
 
 
 def lease(tx: Tx, seq: int, *, token: str, until: float) -> None:
@@ -421,6 +596,30 @@ def release(tx: Tx, seq: int) -> None:
         "UPDATE homing_engine_entries SET lease_token = NULL, lease_until = NULL WHERE seq = ?",
         (seq,),
     )
+
+
+def record_published_many(tx: Tx, rows: Sequence[tuple[str, str, int | None, str, float]]) -> None:
+    """Ledger rows (id, queue, seq, outcome, at) of a batch publish."""
+    tx.executemany(
+        "INSERT INTO homing_engine_published (id, queue, seq, outcome, at) VALUES (?, ?, ?, ?, ?)",
+        rows,
+    )
+
+
+def published_many(tx: Tx, message_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Ledger rows of the ids published before, by id."""
+    out: dict[str, dict[str, Any]] = {}
+    for start in range(0, len(message_ids), 500):
+        chunk = list(message_ids[start : start + 500])
+        marks = ", ".join("?" for _ in chunk)
+        for row in tx.query(
+            f"SELECT id, queue, seq, outcome, at FROM homing_engine_published WHERE id IN ({marks})",
+            chunk,
+        ):
+            d = _dict(("id", "queue", "seq", "outcome", "at"), row)
+            assert d is not None
+            out[str(d["id"])] = d
+    return out
 
 
 # -- publish ledger (idempotent publish by message id) ------------------------------------
