@@ -1,0 +1,129 @@
+"""A consumer SIGKILLed while it holds messages: another consumer finishes them, once each.
+
+Graph: ``work`` --MOVE(4 credits)--> consumer ``a`` and --MOVE(4 credits)--> consumer
+``b``. Consumer ``a`` is a separate process: it takes messages, handles some (an effect
+row and the ack in one transaction), then takes a batch and is SIGKILLed holding it, with
+more messages given to it and not yet taken. Consumer ``b`` (another process) then runs
+until every message has its effect. Once ``a``'s leases lapse and ``a`` counts as absent
+(``consumer_timeout``), its messages and credits go back to ``work`` and on to ``b``.
+The checker: lost = 0, duplicated = 0, unexpected = 0; the books balance, every credit is
+back, and ``a`` really died holding messages.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+from pathlib import Path
+
+import homing
+from homing.engine import Engine
+
+N_MESSAGES = 40
+TIMEOUT = 1.0  # consumer_timeout and lease: short, so the test is quick
+
+CHILD = textwrap.dedent(
+    """
+    import os, signal, sys
+    import homing
+    from homing.engine import Engine
+
+    url, name, die_after = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    db = homing.connect(url)
+    engine = Engine(db, consumer_timeout=float(sys.argv[4]))
+    handled = 0
+    idle = 0
+    while idle < 20:
+        got = engine.take(name, limit=3, lease_for=float(sys.argv[4]), wait=0.5)
+        if not got:
+            idle += 1
+            continue
+        idle = 0
+        if die_after and handled >= die_after:
+            with open(sys.argv[5], "w") as f:
+                f.write(" ".join(d.id for d in got))
+            os.kill(os.getpid(), signal.SIGKILL)  # holding these, no finally, no atexit
+        for d in got:
+            with db.transaction() as t:
+                t.tx.execute("INSERT INTO effects (id) VALUES (?)", (d.id,))
+                engine.ack(d)
+            handled += 1
+        if not die_after:
+            with db.store.transaction() as tx:
+                if tx.query_one("SELECT COUNT(DISTINCT id) FROM effects")[0] >= int(sys.argv[6]):
+                    break
+    db.close()
+    """
+)
+
+
+def test_killed_consumers_messages_are_finished_once_by_another(
+    store_url: str, tmp_path: Path
+) -> None:
+    db = homing.connect(store_url)
+    assert isinstance(db, homing.Database)
+    try:
+        engine = Engine(db, consumer_timeout=TIMEOUT)
+        engine.create_queue("work", max_history=None)
+        engine.bind("work", "a", consumer="a", credits=4)
+        engine.bind("work", "b", consumer="b", credits=4)
+        with db.store.transaction() as tx:
+            tx.execute("CREATE TABLE effects (id TEXT NOT NULL)")
+        ids = [homing.uuid7() for _ in range(N_MESSAGES)]
+        published = [engine.publish("work", {"i": i}, id=mid) for i, mid in enumerate(ids)]
+        assert all(p.outcome in ("routed", "held") for p in published)
+
+        script = tmp_path / "consumer.py"
+        script.write_text(CHILD)
+        held_file = tmp_path / "held.txt"
+        env = {k: v for k, v in os.environ.items() if k != "HOMING_FAILPOINTS"}
+
+        def spawn(name: str, die_after: int) -> subprocess.Popen[bytes]:
+            args = [name, str(die_after), str(TIMEOUT), str(held_file), str(N_MESSAGES)]
+            return subprocess.Popen(
+                [sys.executable, str(script), store_url, *args],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
+
+        a = spawn("a", 3)
+        _, err = a.communicate(timeout=120)
+        assert a.returncode == -signal.SIGKILL, err.decode()[-2000:]
+        held = held_file.read_text().split()
+        assert held, "a died holding nothing: the test proved little"
+        outstanding_a = [m for m in engine.messages("work", state="outstanding", limit=1000)]
+        assert any(m.consumer == "a" for m in outstanding_a), "a held no messages when killed"
+
+        b = spawn("b", 0)
+        _, err = b.communicate(timeout=180)
+        assert b.returncode == 0, err.decode()[-2000:]
+
+        with db.store.transaction() as tx:
+            effects = Counter(str(r[0]) for r in tx.query("SELECT id FROM effects"))
+        lost = set(ids) - set(effects)
+        duplicated = {i: n for i, n in effects.items() if n > 1}
+        unexpected = set(effects) - set(ids)
+        assert (len(lost), len(duplicated), len(unexpected)) == (0, 0, 0), (
+            lost,
+            duplicated,
+            unexpected,
+        )
+        assert set(held) <= set(effects)  # what a held when it died was finished by b
+        deadline = time.monotonic() + 30
+        while engine.queue("work").outstanding or engine.queue("work").ready:
+            engine.sweep()  # a's offers lapse; nothing may stay behind
+            assert time.monotonic() < deadline, engine.messages("work", limit=100)
+            time.sleep(0.2)
+        assert engine.check() == []
+        assert {(s.name, s.credits, s.granted) for s in engine.selectors("work")} == {
+            ("a", 4, 4),
+            ("b", 4, 4),
+        }
+    finally:
+        db.close()
