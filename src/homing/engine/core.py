@@ -88,6 +88,7 @@ class Engine:
             run = Run(self, tx)
             yield run
             routing.drain(run)
+            run.flush()
 
     def job_args(self, row: Mapping[str, Any]) -> dict[str, Any]:
         """The args of a job made for a message by a job-type selector."""
@@ -301,6 +302,7 @@ class Engine:
                 raise InvalidState(f"selector {queue}/{name} copies; COPY uses no credits")
             run.refund(int(sel["id"]), n, grant=True)
             run.work.append(("pump", queue))
+            run.flush()
             row = q.selector_by_id(run.tx, int(sel["id"]))
             assert row is not None
             return codec.selector_info(row)
@@ -638,15 +640,7 @@ def _publish_one(run: Run, entry: q.NewEntry) -> Published:
     if seq is None:
         return Published(entry.id, queue, None, "discarded")
     routing.drain(run)
-    row_queue = _queue_of(run, seq)
-    if row_queue is not None and row_queue != queue:
-        return Published(entry.id, queue, seq, "dead-lettered")
-    return Published(entry.id, queue, seq, _outcome(run, seq))
-
-
-def _queue_of(run: Run, seq: int) -> str | None:
-    row = q.get_entry(run.tx, seq)
-    return None if row is None else str(row["queue"])
+    return Published(entry.id, queue, seq, _outcome(run, seq, queue))
 
 
 def _record_refusal(run: Run, entry: q.NewEntry) -> None:
@@ -691,10 +685,14 @@ def _leased(run: Run, delivery: Delivery | int, lease_token: str | None) -> dict
     return row
 
 
-def _outcome(run: Run, seq: int) -> str:
+def _outcome(run: Run, seq: int, queue: str | None = None) -> str:
+    """What became of entry ``seq`` in this run; ``queue``: where it was sent (an entry
+    stored elsewhere is the dead letter of a message refused there)."""
     row = q.get_entry(run.tx, seq)
     if row is None:
         return run.fate.get(seq, "discarded")
+    if queue is not None and row["queue"] != queue:
+        return "dead-lettered"
     if row["state"] == "outstanding":
         return "routed"
     if row["state"] == "ready":

@@ -37,6 +37,7 @@ class Run:
         self._queues: dict[str, dict[str, Any] | None] = {}
         self._selectors: dict[str, list[dict[str, Any]]] = {}
         self._by_id: dict[int, dict[str, Any]] = {}
+        self._deltas: dict[int, list[int]] = {}
 
     def log(self, msg: str, *args: Any) -> None:
         """Log after commit, so that a rolled-back discard is not reported."""
@@ -67,26 +68,45 @@ class Run:
         return self._by_id.get(selector_id)
 
     def forget(self) -> None:
-        """Drop the caches after queues or selectors were created or deleted."""
+        """Drop the caches after queues or selectors were created or deleted (pending
+        credit changes are written first)."""
+        self.flush()
         self._queues.clear()
         self._selectors.clear()
         self._by_id.clear()
 
     # -- credits ----------------------------------------------------------------------------
+    # Credit changes are kept in the cached selector rows and written once per selector
+    # when the run ends (``flush``): a batch of publishes through a chain costs one UPDATE
+    # per selector, not one per message and hop.
     def spend(self, sel: dict[str, Any], seq: int) -> None:
-        q.spend_credit(self.tx, int(sel["id"]), seq)
         cached = self.selector(int(sel["id"]))
-        if cached is not None:
-            cached["credits"] = int(cached["credits"]) - 1
-            cached["last_used"] = seq
+        assert cached is not None, "a selector spends credit only while it exists"
+        cached["credits"] = int(cached["credits"]) - 1
+        cached["last_used"] = seq
+        self._pending(int(sel["id"]))[0] -= 1
 
     def refund(self, selector_id: int, n: int = 1, *, grant: bool = False) -> None:
-        q.add_credits(self.tx, selector_id, n, grant=grant)
         cached = self.selector(selector_id)
-        if cached is not None:
-            cached["credits"] = int(cached["credits"]) + n
-            if grant:
-                cached["granted"] = int(cached["granted"]) + n
+        if cached is None:
+            return  # the selector is gone; nothing to pay back to
+        cached["credits"] = int(cached["credits"]) + n
+        delta = self._pending(selector_id)
+        delta[0] += n
+        if grant:
+            cached["granted"] = int(cached["granted"]) + n
+            delta[1] += n
+
+    def _pending(self, selector_id: int) -> list[int]:
+        return self._deltas.setdefault(selector_id, [0, 0])
+
+    def flush(self) -> None:
+        """Write the pending credit changes of this run."""
+        for sid, (credits, granted) in self._deltas.items():
+            row = self._by_id.get(sid)
+            last_used = None if row is None else row.get("last_used")
+            q.apply_credits(self.tx, sid, credits=credits, granted=granted, last_used=last_used)
+        self._deltas.clear()
 
     def alive(self, sel: Mapping[str, Any]) -> bool:
         """A consumer selector whose consumer has not taken for ``consumer_timeout`` is

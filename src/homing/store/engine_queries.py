@@ -311,6 +311,17 @@ def touch_consumer(tx: Tx, consumer: str, *, now: float, absent_before: float) -
     return back
 
 
+def apply_credits(
+    tx: Tx, selector_id: int, *, credits: int, granted: int, last_used: int | None
+) -> None:
+    """Write a run's net credit change of one selector (and when it was last used)."""
+    tx.execute(
+        "UPDATE homing_engine_selectors SET credits = credits + ?, granted = granted + ?, "
+        "last_used = COALESCE(?, last_used) WHERE id = ?",
+        (credits, granted, last_used, selector_id),
+    )
+
+
 def max_last_used(tx: Tx) -> int:
     row = tx.query_one("SELECT COALESCE(MAX(last_used), 0) FROM homing_engine_selectors")
     return int(row[0]) if row else 0
