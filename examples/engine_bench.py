@@ -43,7 +43,7 @@ def _busy_ack(engine: Engine, waiting: int = 3000, acks: int = 50) -> float:
     engine.bind("busy", "stuck", consumer="stuck", match={"k": "stuck"}, credits=1)
     engine.bind("busy", "free", consumer="free", match={"k": "free"}, credits=1)
     engine.publish("busy", 0, headers={"k": "stuck"})
-    for start in range(0, waiting, 500):
+    for _ in range(0, waiting, 500):
         engine.publish_many("busy", list(range(500)), headers={"k": "stuck"})
     engine.publish_many("busy", list(range(acks)), headers={"k": "free"})
     t = time.perf_counter()
