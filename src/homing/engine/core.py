@@ -88,7 +88,7 @@ class Engine:
             run = Run(self, tx)
             yield run
             routing.drain(run)
-            run.flush()
+            run.finish()
 
     def job_args(self, row: Mapping[str, Any]) -> dict[str, Any]:
         """The args of a job made for a message by a job-type selector."""

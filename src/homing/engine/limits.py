@@ -58,7 +58,10 @@ def overflow(
         head = q.oldest_ready(run.tx, name)
         if head is not None:
             dead_letters.fail(run, head, "maxlen", f"dropped from the head: {detail}")
-        return True
+            return True
+        # nothing waits (a limit of 0): the new message is the head
+    if action == "drop-head":
+        return dead_letters.refuse(run, entry, queue, "maxlen", detail)
     if action == "overflow":
         over = [s for s in run.selectors(name) if s["role"] == "overflow"]
         if over and (not codec.uses_credit(over[0]) or over[0]["credits"] > 0):

@@ -236,6 +236,3 @@ def drain(run: Run) -> None:
         run.work = deque(w for w in run.work if w[1] != queue or w[0] == "route")
         if run.queue(queue) is not None:
             pump(run, queue, everything=everything)
-    if run.notify:
-        run.notify = False
-        q.notify_consumers(run.tx)

@@ -100,6 +100,13 @@ class Run:
     def _pending(self, selector_id: int) -> list[int]:
         return self._deltas.setdefault(selector_id, [0, 0])
 
+    def finish(self) -> None:
+        """Before commit: write pending credits; wake consumers given messages."""
+        self.flush()
+        if self.notify:
+            self.notify = False
+            q.notify_consumers(self.tx)
+
     def flush(self) -> None:
         """Write the pending credit changes of this run."""
         for sid, (credits, granted) in self._deltas.items():
