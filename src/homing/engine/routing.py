@@ -20,6 +20,7 @@ from homing.store import engine_queries as q
 
 MAX_HOPS = 64
 PUMP_BATCH = 200
+HEAD_BATCH = 1000
 
 
 def arrive(run: Run, entry: q.NewEntry, *, external: bool) -> int | None:
@@ -190,30 +191,39 @@ def pump(run: Run, queue: str, *, everything: bool) -> None:
     """Route the ready entries of ``queue`` again, oldest first.
 
     After a payment only credit has changed, so only entries that a selector with credit
-    now would take are routed (decided from their headers, without loading bodies), and
-    it stops once no selector has credit. After a change of selectors (``everything``)
-    every entry is routed again, since it may now match, or match nothing.
+    now would take are routed (decided from their headers, without loading bodies; equal
+    headers are decided once), and it stops once no selector has credit. After a change of
+    selectors (``everything``) every entry is routed again, since it may now match, or
+    match nothing.
     """
     after = 0
     while True:
         paid = [] if everything else _has_credit(run, queue)
         if not everything and not paid:
             return
-        heads = q.ready_heads(run.tx, queue, after_seq=after, limit=PUMP_BATCH)
+        heads = q.ready_heads(run.tx, queue, after_seq=after, limit=HEAD_BATCH)
         if not heads:
             return
-        default = any(s["role"] == "default" for s in paid)
+        wanted: dict[tuple[str, bool], bool] = {}
         for seq, headers, ret in heads:
             after = seq
-            if not everything and not default and not _matched(run, paid, json.loads(headers), ret):
-                continue
+            if not everything:
+                key = (headers, bool(ret))
+                if key not in wanted:
+                    wanted[key] = any(s["role"] == "default" for s in paid) or bool(
+                        _matched(run, paid, json.loads(headers), ret)
+                    )
+                if not wanted[key]:
+                    continue
             route(run, seq)
             drain_routes(run)
             if not everything:
+                before = [s["id"] for s in paid]
                 paid = _has_credit(run, queue)
                 if not paid:
                     return
-                default = any(s["role"] == "default" for s in paid)
+                if [s["id"] for s in paid] != before:
+                    wanted.clear()
 
 
 def drain_routes(run: Run) -> None:
