@@ -152,6 +152,14 @@ def test_unused_queue_expires(engine: Engine, clock: homing.ManualClock) -> None
     assert "temp" not in names and "kept" in names
     (dead,) = engine.dead_letters()
     assert dead.body == "x" and dead.deaths[0]["reason"] == "queue_deleted"
+    clock.advance(100)
+    engine.unbind("kept", "s")  # unused from now on
+    clock.advance(59)
+    engine.sweep()
+    assert "kept" in {q.name for q in engine.queues()}
+    clock.advance(2)
+    engine.sweep()
+    assert "kept" not in {q.name for q in engine.queues()}
 
 
 def test_dead_letter_queue_in_use_is_not_deleted_without_force(engine: Engine) -> None:

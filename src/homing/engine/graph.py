@@ -78,5 +78,7 @@ def after_selector_removed(run: Run, queue: str) -> None:
         return
     if row["self_destruct"] and not run.selectors(queue):
         destroy_queue(run, queue)
-    else:
-        run.work.append(("pump-all", queue))
+        return
+    if row["expires"] is not None:
+        q.touch_queue(run.tx, queue, run.now)  # unused from now on, not since it was made
+    run.work.append(("pump-all", queue))
