@@ -99,7 +99,7 @@ def route(run: Run, seq: int, row: Mapping[str, Any] | None = None) -> None:
         if ready:
             dispatch(run, min(ready, key=lambda s: (s["last_used"], s["id"])), row)
         else:
-            run.fate[seq] = "held"  # matching selectors are busy: wait for credit
+            _hold_for(run, row, movers)  # matching selectors are busy: wait for credit
         return
     if copied:
         credits.finish(run, row, "processed")
@@ -111,9 +111,19 @@ def route(run: Run, seq: int, row: Mapping[str, Any] | None = None) -> None:
         elif default["credits"] > 0 and run.alive(default):
             dispatch(run, default, row)
         else:
-            run.fate[seq] = "held"
+            _hold_for(run, row, [default])
         return
     dead_letters.fail(run, row, "unroutable", "no selector matched")
+
+
+def _hold_for(run: Run, row: Mapping[str, Any], selectors: list[dict[str, Any]]) -> None:
+    """The entry waits for credit of one of ``selectors``; recorded, so that a payment
+    reads only the entries it can move (not every waiting message)."""
+    seq = int(row["seq"])
+    run.fate[seq] = "held"
+    waiting = "," + ",".join(str(s["id"]) for s in sorted(selectors, key=lambda s: s["id"])) + ","
+    if row.get("waiting_for") != waiting:
+        q.set_waiting(run.tx, seq, waiting)
 
 
 def dispatch(run: Run, sel: dict[str, Any], row: Mapping[str, Any]) -> None:
@@ -201,7 +211,13 @@ def pump(run: Run, queue: str, *, everything: bool) -> None:
         paid = [] if everything else _has_credit(run, queue)
         if not everything and not paid:
             return
-        heads = q.ready_heads(run.tx, queue, after_seq=after, limit=HEAD_BATCH)
+        heads = q.ready_heads(
+            run.tx,
+            queue,
+            after_seq=after,
+            limit=HEAD_BATCH,
+            waiting_for=None if everything else [int(s["id"]) for s in paid],
+        )
         if not heads:
             return
         wanted: dict[tuple[str, bool], bool] = {}

@@ -68,6 +68,7 @@ ENTRY_COLUMNS = (
     "done_at",
     "deaths",
     "expires_at",
+    "waiting_for",
 )
 _Q = ", ".join(QUEUE_COLUMNS)
 _S = ", ".join(SELECTOR_COLUMNS)
@@ -399,22 +400,34 @@ def entry_row(seq: int, e: NewEntry) -> dict[str, Any]:
         "done_at": None,
         "deaths": e.deaths,
         "expires_at": e.expires_at,
+        "waiting_for": None,
     }
 
 
 def ready_heads(
-    tx: Tx, queue: str, *, after_seq: int, limit: int
+    tx: Tx, queue: str, *, after_seq: int, limit: int, waiting_for: Sequence[int] | None = None
 ) -> list[tuple[int, str, str | None]]:
     """(seq, headers, return_address) of ready entries: enough to decide whom they match
-    without loading bodies."""
+    without loading bodies. ``waiting_for``: only entries held for one of these selectors
+    (or whose selectors were never recorded), so a payment does not re-read the others."""
+    where, params = "", [queue, after_seq]
+    if waiting_for is not None:
+        likes = " OR ".join("waiting_for LIKE ?" for _ in waiting_for)
+        where = f" AND (waiting_for IS NULL OR {likes})" if likes else " AND waiting_for IS NULL"
+        params += [f"%,{int(i)},%" for i in waiting_for]
     return [
         (int(s), str(h), r)
         for s, h, r in tx.query(
             "SELECT seq, headers, return_address FROM homing_engine_entries WHERE queue = ? "
-            "AND state = 'ready' AND seq > ? ORDER BY seq LIMIT ?",
-            (queue, after_seq, limit),
+            f"AND state = 'ready' AND seq > ?{where} ORDER BY seq LIMIT ?",
+            (*params, limit),
         )
     ]
+
+
+def set_waiting(tx: Tx, seq: int, selectors: str) -> None:
+    """Record which selectors' credit would move held entry ``seq`` (",3,7,")."""
+    tx.execute("UPDATE homing_engine_entries SET waiting_for = ? WHERE seq = ?", (selectors, seq))
 
 
 def oldest_ready(tx: Tx, queue: str) -> dict[str, Any] | None:
@@ -523,7 +536,8 @@ def set_ready(tx: Tx, seq: int) -> None:
     """Give an outstanding entry back to its queue: no selector, consumer, job or lease."""
     tx.execute(
         "UPDATE homing_engine_entries SET state = 'ready', selector_id = NULL, consumer = NULL, "
-        "job_id = NULL, lease_token = NULL, lease_until = NULL WHERE seq = ?",
+        "job_id = NULL, lease_token = NULL, lease_until = NULL, waiting_for = NULL "
+        "WHERE seq = ?",
         (seq,),
     )
 

@@ -114,6 +114,8 @@ def _limits(*, pg: bool) -> tuple[str, ...]:
         f"ALTER TABLE homing_engine_queues ADD COLUMN last_active {real}",
         "ALTER TABLE homing_engine_entries ADD COLUMN deaths TEXT",
         f"ALTER TABLE homing_engine_entries ADD COLUMN expires_at {real}",
+        # ",3,7,": the selectors whose credit would move this held entry (see pump)
+        "ALTER TABLE homing_engine_entries ADD COLUMN waiting_for TEXT",
         f"ALTER TABLE homing_engine_selectors ADD COLUMN seen_at {real}",
         "CREATE INDEX homing_engine_entries_expiry ON homing_engine_entries (expires_at) "
         "WHERE state = 'ready' AND expires_at IS NOT NULL",
