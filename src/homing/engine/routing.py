@@ -46,8 +46,41 @@ def arrive(run: Run, entry: q.NewEntry, *, external: bool) -> int | None:
         entry = _with_expiry(entry, run.now + float(ttl))
     if queue["expires"] is not None and external:
         q.touch_queue(run.tx, entry.queue, run.now)
-    seq = q.insert_entry(run.tx, entry)
-    route(run, seq, q.entry_row(seq, entry))
+    seq = _insert_moving(run, entry)
+    if seq is None:
+        seq = q.insert_entry(run.tx, entry)
+        route(run, seq, q.entry_row(seq, entry))
+    return seq
+
+
+def _insert_moving(run: Run, entry: q.NewEntry) -> int | None:
+    """The common case in one statement: a queue with only MOVE selectors, one of which
+    has credit and takes the message to a queue or a consumer; the entry is stored as
+    already given to it. Returns None for everything else (stored ready, then routed)."""
+    sels = run.selectors(entry.queue)
+    normal = [s for s in sels if s["role"] == "normal"]
+    if not normal or any(s["mode"] != "move" for s in normal):
+        return None
+    matched = _matched(run, normal, json.loads(entry.headers), entry.return_address)
+    ready = [s for s in matched if s["credits"] > 0 and run.alive(s)]
+    if not ready:
+        return None
+    sel = min(ready, key=lambda s: (s["last_used"], s["id"]))
+    if sel["dest_kind"] not in ("queue", "consumer"):
+        return None
+    consumer = sel["dest"] if sel["dest_kind"] == "consumer" else None
+    offer = run.now + run.engine.consumer_timeout if consumer is not None else None
+    seq = q.insert_entry(
+        run.tx, entry, selector_id=int(sel["id"]), consumer=consumer, offer_until=offer
+    )
+    failpoint("engine.mid_route")
+    run.spend(sel, seq)
+    run.fate.setdefault(seq, "routed")
+    if consumer is not None:
+        run.notify = True
+    else:
+        row = {**q.entry_row(seq, entry), "state": "outstanding", "selector_id": int(sel["id"])}
+        arrive(run, codec.from_row(row, queue=sel["dest"], parent=seq), external=False)
     return seq
 
 

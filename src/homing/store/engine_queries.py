@@ -347,12 +347,26 @@ class NewEntry:
     expires_at: float | None = None
 
 
-def insert_entry(tx: Tx, e: NewEntry) -> int:
+def insert_entry(
+    tx: Tx,
+    e: NewEntry,
+    *,
+    selector_id: int | None = None,
+    consumer: str | None = None,
+    offer_until: float | None = None,
+) -> int:
+    """Store an entry: ready, or with ``selector_id`` given to that selector at once
+    (one statement instead of an insert and an update)."""
     row = tx.query_one(
-        "INSERT INTO homing_engine_entries (id, queue, state, headers, body, body_kind, address, "
-        "return_address, original_address, reason, parent_seq, hops, created_at, deaths, "
-        "expires_at) VALUES (?, ?, 'ready', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq",
+        "INSERT INTO homing_engine_entries (state, selector_id, consumer, lease_until, id, "
+        "queue, headers, body, body_kind, address, return_address, original_address, reason, "
+        "parent_seq, hops, created_at, deaths, expires_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq",
         (
+            "ready" if selector_id is None else "outstanding",
+            selector_id,
+            consumer,
+            offer_until,
             e.id,
             e.queue,
             e.headers,
