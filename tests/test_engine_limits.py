@@ -240,3 +240,32 @@ def test_publish_many_is_one_idempotent_batch(engine: Engine) -> None:
     assert engine.messages("full") == []
     with pytest.raises(InvalidArgument):
         engine.publish_many("a", [])
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda e: e.create_queue("x", max_deliveries=0),
+        lambda e: e.create_queue("x", max_deliveries=True),
+        lambda e: e.create_queue("x", message_ttl=-1),
+        lambda e: e.create_queue("x", message_ttl=float("nan")),
+        lambda e: e.create_queue("x", expires=float("inf")),
+        lambda e: e.create_queue("x", expires="60"),
+        lambda e: e.create_queue("x", on_overflow="drop-tail"),
+        lambda e: e.take("c", wait=-1),
+        lambda e: e.take("c", wait=True),
+        lambda e: e.take("c", wait=10**9),
+        lambda e: e.publish_many("q", []),
+        lambda e: e.publish_many("q", "abc"),
+        lambda e: e.publish_many("q", [1, 2], ids=[homing.uuid7()]),
+        lambda e: e.publish_many("q", [1], ids=["not-a-uuid"]),
+        lambda e: e.publish_many("q", list(range(10_001))),
+        lambda e: Engine(e.db, consumer_timeout=0),
+    ],
+)
+def test_bad_settings_are_refused_and_change_nothing(engine: Engine, call: Any) -> None:
+    engine.create_queue("q")
+    before = (engine.queues(), engine.messages("q"))
+    with pytest.raises(InvalidArgument):
+        call(engine)
+    assert (engine.queues(), engine.messages("q")) == before
