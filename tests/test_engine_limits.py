@@ -221,6 +221,8 @@ def test_take_wait_blocks_until_a_message_or_the_timeout(engine: Engine) -> None
     assert [d.body for d in got] == ["late"]
     with pytest.raises(InvalidArgument):
         engine.take("c", wait=-1)
+    with engine.db.transaction(), pytest.raises(InvalidState, match="open transaction"):
+        engine.take("c", wait=1)
 
 
 def test_publish_many_is_one_idempotent_batch(engine: Engine) -> None:

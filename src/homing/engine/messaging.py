@@ -140,6 +140,11 @@ class Messaging:
         lease = codec.seconds("lease_for", lease_for, allow_none=False, maximum=MAX_LEASE_S)
         assert lease is not None
         wait_s = codec.seconds("wait", wait, maximum=MAX_WAIT_S) if wait != 0 else None
+        if wait_s and self.db.store.in_transaction() is not None:
+            raise InvalidState(
+                "take(wait=...) cannot block inside an open transaction (it would hold the "
+                "store's write lock, or never see new messages); take without wait there"
+            )
         deadline = time.monotonic() + (wait_s or 0.0)
         pause = 0.01
         while True:
