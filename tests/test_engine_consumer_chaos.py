@@ -3,8 +3,10 @@
 Graph: ``work`` --MOVE(4 credits)--> consumer ``a`` and --MOVE(4 credits)--> consumer
 ``b``. Consumer ``a`` is a separate process: it takes messages, handles some (an effect
 row and the ack in one transaction), then takes a batch and is SIGKILLed holding it, with
-more messages given to it and not yet taken. Consumer ``b`` (another process) then runs
-until every message has its effect. Once ``a``'s leases lapse and ``a`` counts as absent
+more messages given to it and not yet taken. Then ``a`` restarts and is SIGKILLed
+again at the failpoint ``engine.mid_route`` (inside an ack's payment or a take's return of
+lapsed messages). Consumer ``b`` (another process) then runs until every message has its
+effect. Once ``a``'s leases lapse and ``a`` counts as absent
 (``consumer_timeout``), its messages and credits go back to ``work`` and on to ``b``.
 The checker: lost = 0, duplicated = 0, unexpected = 0; the books balance, every credit is
 back, and ``a`` really died holding messages.
@@ -83,11 +85,11 @@ def test_killed_consumers_messages_are_finished_once_by_another(
         held_file = tmp_path / "held.txt"
         env = {k: v for k, v in os.environ.items() if k != "HOMING_FAILPOINTS"}
 
-        def spawn(name: str, die_after: int) -> subprocess.Popen[bytes]:
+        def spawn(name: str, die_after: int, fail: str | None = None) -> subprocess.Popen[bytes]:
             args = [name, str(die_after), str(TIMEOUT), str(held_file), str(N_MESSAGES)]
             return subprocess.Popen(
                 [sys.executable, str(script), store_url, *args],
-                env=env,
+                env={**env, "HOMING_FAILPOINTS": fail} if fail else env,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
             )
@@ -99,6 +101,13 @@ def test_killed_consumers_messages_are_finished_once_by_another(
         assert held, "a died holding nothing: the test proved little"
         outstanding_a = [m for m in engine.messages("work", state="outstanding", limit=1000)]
         assert any(m.consumer == "a" for m in outstanding_a), "a held no messages when killed"
+
+        # "a" comes back and is killed again, this time in the middle of routing (inside an
+        # ack's payment, or while its take returns lapsed messages to the queue).
+        a = spawn("a", 0, "engine.mid_route=3*crash")
+        _, err = a.communicate(timeout=120)
+        assert a.returncode == -signal.SIGKILL, err.decode()[-2000:]
+        assert engine.check() == []
 
         b = spawn("b", 0)
         _, err = b.communicate(timeout=180)
