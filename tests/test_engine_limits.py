@@ -271,3 +271,28 @@ def test_bad_settings_are_refused_and_change_nothing(engine: Engine, call: Any) 
     with pytest.raises(InvalidArgument):
         call(engine)
     assert (engine.queues(), engine.messages("q")) == before
+
+
+def test_copies_for_a_vanished_consumer_do_not_pile_up(
+    engine: Engine, clock: homing.ManualClock
+) -> None:
+    engine.create_queue("dlq")
+    engine.create_queue("q", dead_letter="dlq")
+    engine.bind("q", "tap", consumer="tap", mode="copy")
+    engine.bind("q", "main", consumer="main", credits=10)
+    engine.publish("q", "x")
+    (d,) = engine.take("tap", lease_for=5)
+    clock.advance(6)  # tap's lease lapsed, tap is still alive: offered to tap again
+    assert [m.body for m in engine.take("tap")] == ["x"]
+    engine.publish("q", "y")
+    for _ in range(3):  # tap vanishes; main keeps taking (and so sweeping)
+        clock.advance(25)
+        for got in engine.take("main", limit=10):
+            engine.ack(got)
+    assert sorted(deaths(engine, "dlq")) == [
+        ("x", [("q", "consumer_absent", 1)]),
+        ("y", [("q", "consumer_absent", 1)]),
+    ]
+    assert engine.messages("q", state="outstanding") == []
+    with pytest.raises((StaleLease, MessageNotFound, InvalidState)):
+        engine.ack(d)

@@ -18,6 +18,7 @@ paths and their reasons (as in RabbitMQ's ``x-death``):
 ``queue_deleted`` its queue was deleted with ``force``
 ``bounce_failed`` its return address is not a queue
 ``hop_limit``   it passed through more than 64 queues
+``consumer_absent`` a COPY for a consumer that stayed away past its offer
 ==============  ==============================================================
 
 Each dead letter carries its death history: one record per (queue, reason) with a count,

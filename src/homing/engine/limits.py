@@ -80,7 +80,9 @@ def overflow(
 
 def lease_lapsed(run: Run, row: Mapping[str, Any]) -> None:
     """A consumer's lease (or offer) ran out: back to the queue, unless the delivery limit
-    is reached (an exception). A COPY's entry stays with its consumer (it is not owed)."""
+    is reached (an exception). A COPY's entry is owed to no one else: it is offered to its
+    consumer again, or, if that consumer is absent, it is an exception
+    (``consumer_absent``), so copies for a vanished consumer do not pile up."""
     queue = run.queue(row["queue"])
     limit = None if queue is None else queue["max_deliveries"]
     if limit is not None and int(row["attempts"]) >= int(limit):
@@ -90,7 +92,12 @@ def lease_lapsed(run: Run, row: Mapping[str, Any]) -> None:
         return
     sel = run.selector(int(row["selector_id"])) if row["selector_id"] is not None else None
     if sel is None or not codec.uses_credit(sel):
-        q.release(run.tx, int(row["seq"]))
+        if sel is not None and not run.alive(sel):
+            dead_letters.fail(
+                run, row, "consumer_absent", f"consumer {row['consumer']} did not come back"
+            )
+        else:  # a COPY is owed to no one else: offered to its consumer again
+            q.offer_again(run.tx, int(row["seq"]), until=run.now + run.engine.consumer_timeout)
         return
     credits.withdraw(run, int(row["seq"]))
 

@@ -216,7 +216,12 @@ def copy(run: Run, sel: Mapping[str, Any], row: Mapping[str, Any]) -> None:
         seq = q.insert_entry(run.tx, entry)
         q.mark_copied(run.tx, seq)
         q.set_outstanding(
-            run.tx, seq, selector_id=int(sel["id"]), consumer=sel["dest"], job_id=None
+            run.tx,
+            seq,
+            selector_id=int(sel["id"]),
+            consumer=sel["dest"],
+            job_id=None,
+            offer_until=run.now + run.engine.consumer_timeout,
         )
         run.notify = True
 

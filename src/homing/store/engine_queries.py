@@ -630,6 +630,14 @@ def lease(tx: Tx, seq: int, *, token: str, until: float) -> None:
     )
 
 
+def offer_again(tx: Tx, seq: int, *, until: float) -> None:
+    """Cancel a lease; the entry waits for its consumer again until ``until``."""
+    tx.execute(
+        "UPDATE homing_engine_entries SET lease_token = NULL, lease_until = ? WHERE seq = ?",
+        (until, seq),
+    )
+
+
 def release(tx: Tx, seq: int) -> None:
     tx.execute(
         "UPDATE homing_engine_entries SET lease_token = NULL, lease_until = NULL WHERE seq = ?",
