@@ -146,6 +146,7 @@ def selector_info(row: Mapping[str, Any]) -> SelectorInfo:
         dest=row["dest"],
         credits=int(row["credits"]),
         granted=int(row["granted"]),
+        seen_at=None if row.get("seen_at") is None else float(row["seen_at"]),
     )
 
 

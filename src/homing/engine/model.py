@@ -66,6 +66,7 @@ class SelectorInfo:
     dest: str | None
     credits: int
     granted: int
+    seen_at: float | None = None  # a consumer's last take (absent after consumer_timeout)
 
 
 @dataclass(frozen=True)
