@@ -44,9 +44,9 @@ def is_full(run: Run, queue: Mapping[str, Any]) -> bool:
 
 def overflow(
     run: Run, entry: q.NewEntry, queue: Mapping[str, Any], *, external: bool
-) -> int | None | bool:
-    """A message arrives at a full queue. Returns its seq or None if it was handled here,
-    or True if it should be stored after all (drop-head made room)."""
+) -> tuple[bool, int | None]:
+    """A message arrives at a full queue. Returns (True, its seq or None) if it was
+    handled here, or (False, None) if it should be stored after all (drop-head made room)."""
     name, limit, action = queue["name"], queue["max_unprocessed"], queue["on_overflow"]
     detail = f"the queue is full ({limit} unprocessed)"
     if action == "reject" and external:
@@ -58,10 +58,8 @@ def overflow(
         head = q.oldest_ready(run.tx, name)
         if head is not None:
             dead_letters.fail(run, head, "maxlen", f"dropped from the head: {detail}")
-            return True
-        # nothing waits (a limit of 0): the new message is the head
-    if action == "drop-head":
-        return dead_letters.refuse(run, entry, queue, "maxlen", detail)
+            return False, None
+        # nothing waits (a limit of 0): the new message is the head, and goes
     if action == "overflow":
         over = [s for s in run.selectors(name) if s["role"] == "overflow"]
         if over and (not codec.uses_credit(over[0]) or over[0]["credits"] > 0):
@@ -73,9 +71,9 @@ def overflow(
                 credits.finish(run, row, "overflowed")
             else:
                 routing.dispatch(run, over[0], row)
-            return seq
+            return True, seq
         detail += " and its overflow selector is missing or has no credit"
-    return dead_letters.refuse(run, entry, queue, "maxlen", detail)
+    return True, dead_letters.refuse(run, entry, queue, "maxlen", detail)
 
 
 def lease_lapsed(run: Run, row: Mapping[str, Any]) -> None:

@@ -38,9 +38,9 @@ def arrive(run: Run, entry: q.NewEntry, *, external: bool) -> int | None:
         )
         return None
     if limits.is_full(run, queue):
-        handled = limits.overflow(run, entry, queue, external=external)
-        if handled is not True:
-            return handled if isinstance(handled, int) and not isinstance(handled, bool) else None
+        handled, seq = limits.overflow(run, entry, queue, external=external)
+        if handled:
+            return seq
     ttl = queue["message_ttl"]
     if ttl is not None:
         entry = _with_expiry(entry, run.now + float(ttl))
