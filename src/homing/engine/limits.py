@@ -111,8 +111,11 @@ def sweep(run: Run) -> int:
     unused queues. Returns how many messages and queues were handled."""
     n = 0
     for row in q.lapsed_leases(run.tx, run.now, SWEEP_BATCH):
-        lease_lapsed(run, row)
-        n += 1
+        fresh = q.get_entry(run.tx, int(row["seq"]))  # an earlier one may have settled it
+        if fresh is not None and fresh["state"] == "outstanding" and fresh["lease_until"]:
+            if float(fresh["lease_until"]) <= run.now:
+                lease_lapsed(run, fresh)
+                n += 1
     for row in q.due_to_expire(run.tx, run.now, SWEEP_BATCH):
         fresh = q.get_entry(run.tx, int(row["seq"]))
         if fresh is not None and fresh["state"] == "ready":
