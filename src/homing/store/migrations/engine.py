@@ -121,6 +121,8 @@ def _limits(*, pg: bool) -> tuple[str, ...]:
         "WHERE state = 'ready' AND expires_at IS NOT NULL",
         "CREATE INDEX homing_engine_entries_lease ON homing_engine_entries (lease_until) "
         "WHERE state = 'outstanding' AND consumer IS NOT NULL",
+        # forget_published (homing gc) deletes by age
+        "CREATE INDEX homing_engine_published_at ON homing_engine_published (at)",
     )
 
 
