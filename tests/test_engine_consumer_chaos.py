@@ -136,3 +136,96 @@ def test_killed_consumers_messages_are_finished_once_by_another(
         }
     finally:
         db.close()
+
+
+PAUSED = textwrap.dedent(
+    """
+    import os, signal, sys
+    import homing
+    from homing.engine import Engine
+    from homing.errors import HomingError
+
+    url, held_file, refused_file, timeout = sys.argv[1:5]
+    db = homing.connect(url)
+    engine = Engine(db, consumer_timeout=float(timeout))
+    got = []
+    while not got:
+        got = engine.take("a", limit=3, lease_for=float(timeout), wait=5)
+    with open(held_file, "w") as f:
+        f.write(" ".join(d.id for d in got))
+    os.kill(os.getpid(), signal.SIGSTOP)  # paused past its lease; resumed by the test
+    refused = 0
+    for d in got:
+        try:
+            with db.transaction() as t:
+                t.tx.execute("INSERT INTO effects (id) VALUES (?)", (d.id,))
+                engine.ack(d)  # refused: the lease lapsed and b finished the message
+        except HomingError:
+            refused += 1
+    with open(refused_file, "w") as f:
+        f.write(str(refused))
+    db.close()
+    """
+)
+
+
+def test_paused_consumer_wakes_up_fenced(store_url: str, tmp_path: Path) -> None:
+    """A consumer SIGSTOPped past its lease: another finishes its messages; when it wakes,
+    its acks are refused and its effects roll back with them (exactly once)."""
+    db = homing.connect(store_url)
+    assert isinstance(db, homing.Database)
+    try:
+        engine = Engine(db, consumer_timeout=TIMEOUT)
+        engine.create_queue("work", max_history=None)
+        engine.bind("work", "a", consumer="a", credits=3)
+        engine.bind("work", "b", consumer="b", credits=3)
+        with db.store.transaction() as tx:
+            tx.execute("CREATE TABLE effects (id TEXT NOT NULL)")
+        n = 12
+        ids = [homing.uuid7() for _ in range(n)]
+        engine.publish_many("work", list(range(n)), ids=ids)
+        script, paused = tmp_path / "consumer.py", tmp_path / "paused.py"
+        script.write_text(CHILD)
+        paused.write_text(PAUSED)
+        held_file, refused_file = tmp_path / "held.txt", tmp_path / "refused.txt"
+        env = {k: v for k, v in os.environ.items() if k != "HOMING_FAILPOINTS"}
+        a = subprocess.Popen(
+            [
+                sys.executable,
+                str(paused),
+                store_url,
+                str(held_file),
+                str(refused_file),
+                str(TIMEOUT),
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while not (held_file.exists() and held_file.read_text()):
+                assert a.poll() is None, a.communicate()[1].decode()[-2000:]
+                assert time.monotonic() < deadline, "a never took a message"
+                time.sleep(0.05)
+            held = held_file.read_text().split()
+            b = subprocess.Popen(
+                [sys.executable, str(script), store_url, "b", "0", str(TIMEOUT), "-", str(n)],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
+            _, err = b.communicate(timeout=180)
+            assert b.returncode == 0, err.decode()[-2000:]
+        finally:
+            a.send_signal(signal.SIGCONT)
+        _, err = a.communicate(timeout=60)
+        assert a.returncode == 0, err.decode()[-2000:]
+        assert int(refused_file.read_text()) == len(held) > 0
+        with db.store.transaction() as tx:
+            effects = Counter(str(r[0]) for r in tx.query("SELECT id FROM effects"))
+        assert set(effects) == set(ids)
+        assert {i: c for i, c in effects.items() if c > 1} == {}
+        assert engine.check() == []
+    finally:
+        db.close()
