@@ -103,3 +103,34 @@ def test_printer_example_runs(store_url: str, capsys: pytest.CaptureFixture[str]
     assert "publish photo    colour=True  -> dead-lettered" in out
     assert "bw-1 prints invoice and pays" in out
     assert "client-1 queue gone: True" in out
+
+
+def test_group_json_flag_applies_to_subcommands(store_url: str) -> None:
+    """``homing queues --json list`` prints JSON, as ``homing queues list --json`` does."""
+    assert run(store_url, "create", "dlq")[0] == 0
+    code, out, _ = run(
+        store_url,
+        "create",
+        "q",
+        "--dead-letter",
+        "dlq",
+        "--max-deliveries",
+        "3",
+        "--message-ttl",
+        "60",
+        "--on-overflow",
+        "drop-head",
+        "--max-unprocessed",
+        "5",
+    )
+    assert code == 0
+    for args in (("--json", "list"), ("list", "--json"), ("--json",)):
+        code, out, _ = run(store_url, *args)
+        assert code == 0, out
+        data = json.loads(out)
+        (q,) = [x for x in data["queues"] if x["name"] == "q"]
+        assert (q["max_deliveries"], q["message_ttl"], q["on_overflow"]) == (3, 60.0, "drop-head")
+    code, out, _ = run(store_url, "--json", "sweep")
+    assert code == 0 and json.loads(out) == {"handled": 0}
+    code, out, _ = run(store_url, "--json", "dead-letters", "--queue", "dlq")
+    assert code == 0 and json.loads(out) == []

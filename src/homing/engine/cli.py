@@ -24,6 +24,12 @@ def _engine(ctx: click.Context) -> tuple[Any, Engine]:
         raise
 
 
+def _as_json(ctx: click.Context, as_json: bool) -> bool:
+    """``--json`` given to the command or to ``homing queues`` before it."""
+    parent = ctx.parent
+    return bool(as_json or (parent is not None and parent.params.get("as_json")))
+
+
 def _json_arg(text: str | None, what: str) -> Any:
     if text is None:
         return None
@@ -45,6 +51,8 @@ def _message_dict(m: Message) -> dict[str, Any]:
         "return_address": m.return_address,
         "original_address": m.original_address,
         "reason": m.reason,
+        "deaths": m.deaths,
+        "attempts": m.attempts,
     }
     if isinstance(body, bytes):
         out["body_base64"] = base64.b64encode(body).decode()
@@ -81,6 +89,9 @@ def _graph(queues: list[QueueInfo], selectors: list[SelectorInfo]) -> dict[str, 
                 "on_overflow": qi.on_overflow,
                 "max_history": qi.max_history,
                 "self_destruct": qi.self_destruct,
+                "max_deliveries": qi.max_deliveries,
+                "message_ttl": qi.message_ttl,
+                "expires": qi.expires,
                 "selectors": by_queue.get(qi.name, []),
             }
             for qi in queues
@@ -131,7 +142,7 @@ def list_queues(ctx: click.Context, as_json: bool) -> None:
     db, engine = _engine(ctx)
     with db:
         data = _graph(engine.queues(), engine.selectors())
-    emit(data, as_json, _print_graph)
+    emit(data, _as_json(ctx, as_json), _print_graph)
 
 
 @queues.command("create")
@@ -140,11 +151,14 @@ def list_queues(ctx: click.Context, as_json: bool) -> None:
 @click.option("--max-unprocessed", type=int, default=None, help="Limit of waiting messages.")
 @click.option(
     "--on-overflow",
-    type=click.Choice(["reject", "discard", "overflow"]),
+    type=click.Choice(["reject", "discard", "overflow", "drop-head"]),
     default="discard",
     show_default=True,
 )
 @click.option("--max-history", type=int, default=1000, show_default=True)
+@click.option("--max-deliveries", type=int, default=None, help="Takes before dead-lettering.")
+@click.option("--message-ttl", type=float, default=None, help="Seconds a message may wait.")
+@click.option("--expires", type=float, default=None, help="Seconds unused before deletion.")
 @click.option("--self-destruct", is_flag=True, help="Delete the queue when its last selector goes.")
 @json_option
 @click.pass_context
@@ -155,6 +169,9 @@ def create(
     max_unprocessed: int | None,
     on_overflow: str,
     max_history: int,
+    max_deliveries: int | None,
+    message_ttl: float | None,
+    expires: float | None,
     self_destruct: bool,
     as_json: bool,
 ) -> None:
@@ -168,8 +185,11 @@ def create(
             on_overflow=on_overflow,
             max_history=max_history,
             self_destruct=self_destruct,
+            max_deliveries=max_deliveries,
+            message_ttl=message_ttl,
+            expires=expires,
         )
-    emit(info, as_json, lambda i: click.echo(f"created queue {i.name}"))
+    emit(info, _as_json(ctx, as_json), lambda i: click.echo(f"created queue {i.name}"))
 
 
 @queues.command("delete")
@@ -235,7 +255,7 @@ def bind(
             credits=credits,
             role=role,
         )
-    emit(info, as_json, lambda i: click.echo(f"bound {i.queue}/{i.name}"))
+    emit(info, _as_json(ctx, as_json), lambda i: click.echo(f"bound {i.queue}/{i.name}"))
 
 
 @queues.command("unbind")
@@ -250,7 +270,7 @@ def unbind(ctx: click.Context, queue: str, name: str, as_json: bool) -> None:
         returned = engine.unbind(queue, name)
     emit(
         {"returned": returned},
-        as_json,
+        _as_json(ctx, as_json),
         lambda d: click.echo(f"unbound {queue}/{name}; {len(d['returned'])} messages returned"),
     )
 
@@ -282,7 +302,7 @@ def publish(
         result = engine.publish(
             queue, payload, headers=head, return_address=return_address, id=message_id
         )
-    emit(result, as_json, lambda r: click.echo(f"{r.id} seq {r.seq} {r.outcome}"))
+    emit(result, _as_json(ctx, as_json), lambda r: click.echo(f"{r.id} seq {r.seq} {r.outcome}"))
 
 
 @queues.command("dead-letters")
@@ -302,7 +322,7 @@ def dead_letters(ctx: click.Context, queue: str, limit: int, as_json: bool) -> N
         for m in items:
             click.echo(f"{m['seq']} {m['id']} to {m['address']}: {m['reason']}")
 
-    emit(rows, as_json, human)
+    emit(rows, _as_json(ctx, as_json), human)
 
 
 @queues.command("redrive")
@@ -317,7 +337,23 @@ def redrive(ctx: click.Context, seq: int, to_queue: str | None, as_json: bool) -
     db, engine = _engine(ctx)
     with db:
         result = engine.redrive(seq, to=to_queue)
-    emit(result, as_json, lambda r: click.echo(f"{r.id} -> {r.queue} seq {r.seq} {r.outcome}"))
+    emit(
+        result,
+        _as_json(ctx, as_json),
+        lambda r: click.echo(f"{r.id} -> {r.queue} seq {r.seq} {r.outcome}"),
+    )
+
+
+@queues.command("sweep")
+@json_option
+@click.pass_context
+def sweep(ctx: click.Context, as_json: bool) -> None:
+    """Apply time-triggered limits now: lapsed consumer leases, expired messages, unused
+    queues (consumers' take does this too)."""
+    db, engine = _engine(ctx)
+    with db:
+        n = engine.sweep()
+    emit({"handled": n}, _as_json(ctx, as_json), lambda d: click.echo(f"handled {d['handled']}"))
 
 
 @queues.command("check")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from homing.errors import HomingError, InvalidArgument, NotFound
@@ -31,7 +31,10 @@ class GraphCycle(InvalidArgument):
 @dataclass(frozen=True)
 class QueueInfo:
     """A queue and its depths: ``ready`` unprocessed, ``outstanding`` given to a selector and
-    not yet paid for, ``done`` kept as history; ``discarded`` counts messages dropped."""
+    not yet paid for, ``done`` kept as history; ``discarded`` counts messages dropped.
+    ``max_deliveries`` bounds how often a message is taken before it is dead-lettered,
+    ``message_ttl`` how long (s) a message may wait unprocessed, ``expires`` how long (s)
+    the queue may stay unused (no selectors, no publishes) before it deletes itself."""
 
     name: str
     dead_letter: str | None
@@ -44,6 +47,9 @@ class QueueInfo:
     ready: int = 0
     outstanding: int = 0
     done: int = 0
+    max_deliveries: int | None = None
+    message_ttl: float | None = None
+    expires: float | None = None
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,7 @@ class SelectorInfo:
     dest: str | None
     credits: int
     granted: int
+    seen_at: float | None = None  # a consumer's last take (absent after consumer_timeout)
 
 
 @dataclass(frozen=True)
@@ -70,7 +77,9 @@ class Message:
     ``seq`` is the store sequence number of this entry; ``id`` the message's UUIDv7, kept
     when the message moves or is copied. ``address`` is where it is addressed now; after a
     BOUNCE, ``original_address`` keeps where it was first sent. ``reason`` says why a
-    dead letter is one.
+    dead letter is one; ``deaths`` is its death history, newest first, as RabbitMQ's
+    ``x-death``: one dict per (queue, reason) with ``count``, ``time`` (first) and ``last``.
+    ``expires_at`` is when it expires if still unprocessed (its queue's ``message_ttl``).
     """
 
     seq: int
@@ -87,6 +96,8 @@ class Message:
     job: str | None
     attempts: int
     created_at: float
+    deaths: list[dict[str, Any]] = field(default_factory=list)
+    expires_at: float | None = None
 
 
 @dataclass(frozen=True)

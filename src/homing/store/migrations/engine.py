@@ -95,6 +95,38 @@ def _schema(*, pg: bool) -> tuple[str, ...]:
     )
 
 
+def _limits(*, pg: bool) -> tuple[str, ...]:
+    """Version 2: delivery limits, message TTL, queue expiry, drop-head overflow, death
+    history (x-death), consumer liveness. ``on_overflow`` is rebuilt to widen its CHECK
+    (a column-level CHECK goes with its column on both backends)."""
+    real = "DOUBLE PRECISION" if pg else "REAL"
+    big = "BIGINT" if pg else "INTEGER"
+    return (
+        "ALTER TABLE homing_engine_queues ADD COLUMN overflow_action TEXT NOT NULL "
+        "DEFAULT 'discard' CHECK (overflow_action IN "
+        "('reject', 'discard', 'overflow', 'drop-head'))",
+        "UPDATE homing_engine_queues SET overflow_action = on_overflow",
+        "ALTER TABLE homing_engine_queues DROP COLUMN on_overflow",
+        "ALTER TABLE homing_engine_queues RENAME COLUMN overflow_action TO on_overflow",
+        f"ALTER TABLE homing_engine_queues ADD COLUMN max_deliveries {big}",
+        f"ALTER TABLE homing_engine_queues ADD COLUMN message_ttl {real}",
+        f"ALTER TABLE homing_engine_queues ADD COLUMN expires {real}",
+        f"ALTER TABLE homing_engine_queues ADD COLUMN last_active {real}",
+        "ALTER TABLE homing_engine_entries ADD COLUMN deaths TEXT",
+        f"ALTER TABLE homing_engine_entries ADD COLUMN expires_at {real}",
+        # ",3,7,": the selectors whose credit would move this held entry (see pump)
+        "ALTER TABLE homing_engine_entries ADD COLUMN waiting_for TEXT",
+        f"ALTER TABLE homing_engine_selectors ADD COLUMN seen_at {real}",
+        "CREATE INDEX homing_engine_entries_expiry ON homing_engine_entries (expires_at) "
+        "WHERE state = 'ready' AND expires_at IS NOT NULL",
+        "CREATE INDEX homing_engine_entries_lease ON homing_engine_entries (lease_until) "
+        "WHERE state = 'outstanding' AND consumer IS NOT NULL",
+        # forget_published (homing gc) deletes by age
+        "CREATE INDEX homing_engine_published_at ON homing_engine_published (at)",
+    )
+
+
 MIGRATIONS: list[Migration] = [
     Migration(1, "engine", _schema(pg=False), _schema(pg=True)),
+    Migration(2, "engine limits and dead-letter history", _limits(pg=False), _limits(pg=True)),
 ]
