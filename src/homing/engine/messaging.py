@@ -146,14 +146,16 @@ class Messaging:
                 "store's write lock, or never see new messages); take without wait there"
             )
         deadline = time.monotonic() + (wait_s or 0.0)
-        pause = 0.01
+        wakeup = (
+            self.db.store.wakeup("homing_engine", min_poll=0.01, max_poll=0.5) if wait_s else None
+        )
         while True:
             got = self._take_now(consumer, n, lease)
             left = deadline - time.monotonic()
-            if got or left <= 0:
+            if got or left <= 0 or wakeup is None:
                 return got
-            self.db.store.wait_for_notification("homing_engine", min(left, pause))
-            pause = min(pause * 2, 0.5)
+            # NOTIFY wakes it at once on PostgreSQL; it also looks every 0.5 s at most
+            wakeup.wait(min(left, 0.5))
 
     def _take_now(self, consumer: str, n: int, lease_for: float) -> list[Delivery]:
         with self._run() as run:

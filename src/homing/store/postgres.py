@@ -161,11 +161,14 @@ class PostgresStore:
             ) from exc
         if self.schema:
             with self.pool.connection() as conn:
-                conn.execute(
-                    pgsql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
-                        pgsql.Identifier(self.schema)
+                try:
+                    conn.execute(
+                        pgsql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
+                            pgsql.Identifier(self.schema)
+                        )
                     )
-                )
+                except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateSchema):
+                    pass  # another process created it at the same moment (IF NOT EXISTS races)
 
     def in_transaction(self) -> Tx | None:
         return self._slot.get()
