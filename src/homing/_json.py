@@ -4,7 +4,8 @@ Python's ``json`` accepts NaN/Infinity, keeps the last of duplicate keys, recurs
 bound and parses integers of any size; each is a way for bad input to slip through or to
 cost a server dearly. ``strict_loads`` refuses all four with a message that says what to do,
 raising the caller's error class (an ``InvalidArgument`` subclass), so each face keeps its
-own error type.
+own error type. Going out, ``compact`` and ``encode_limited`` are the one JSON encoder of
+homing (compact, no NaN, with a size limit where one applies).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from homing.errors import InvalidArgument
+from homing.errors import InvalidArgument, PayloadTooLarge
 
 MAX_DEPTH = 64
 MAX_INT = 2**63
@@ -84,3 +85,29 @@ def strict_loads(data: bytes, error: type[InvalidArgument] = InvalidArgument) ->
         raise
     except (ValueError, RecursionError) as exc:
         raise error(f"invalid JSON: the body is not valid JSON ({exc})") from exc
+
+
+_COMPACT = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+
+
+def compact(value: Any, *, what: str) -> str:
+    """Compact JSON text of ``value`` (no NaN or Infinity), or an ``InvalidArgument`` that
+    starts with ``what`` (e.g. "job args must be JSON (...)"). One reusable encoder:
+    ``json.dumps`` with options builds a new one on every call."""
+    try:
+        return _COMPACT.encode(value)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(f"{what}: {exc}") from exc
+
+
+def encode_limited(value: Any, limit: int, *, what: str, setting: str) -> str:
+    """``compact`` within ``limit`` bytes, or a ``PayloadTooLarge`` naming the ``setting``
+    that raises the limit: the one size-limited JSON encoder of homing."""
+    text = compact(value, what=f"{what} must be JSON (dict, list, str, number, bool, None; no NaN)")
+    size = len(text) if text.isascii() else len(text.encode())
+    if size > limit:
+        raise PayloadTooLarge(
+            f"{what}: {size} bytes, over the limit of {limit}; store large data elsewhere "
+            f"and pass a reference, or raise {setting}"
+        )
+    return text

@@ -6,7 +6,6 @@ each in a transaction of its own and ``Transaction`` inside the caller's.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import socket
@@ -17,12 +16,12 @@ from datetime import datetime
 from typing import Any, Literal
 
 from homing import ids
+from homing._json import encode_limited
 from homing.errors import (
     HomingError,
     InvalidArgument,
     InvalidState,
     JobNotFound,
-    PayloadTooLarge,
     StaleLease,
 )
 from homing.store import jobs_queries as q
@@ -162,24 +161,9 @@ def to_timestamp(name: str, value: Any, default: float) -> float:
     return check_seconds(name, value, allow_zero=True)
 
 
-_COMPACT = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False)
-
-
 def encode_json(value: Any, limit: int, *, what: str, setting: str) -> str:
     """Compact JSON text of ``value`` within ``limit`` bytes, or a clear InvalidArgument."""
-    try:
-        text = _COMPACT.encode(value)  # one encoder: json.dumps with options builds one a call
-    except (TypeError, ValueError) as exc:
-        raise InvalidArgument(
-            f"{what} must be JSON (dict, list, str, number, bool, None; no NaN): {exc}"
-        ) from exc
-    size = len(text) if text.isascii() else len(text.encode())
-    if size > limit:
-        raise PayloadTooLarge(
-            f"{what}: {size} bytes, over the limit of {limit}; store large data elsewhere "
-            f"and pass a reference, or raise {setting}"
-        )
-    return text
+    return encode_limited(value, limit, what=what, setting=setting)
 
 
 def encode_args(args: Any, limit: int) -> str:

@@ -6,6 +6,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from homing._json import compact
 from homing.engine.model import Message, QueueInfo, SelectorInfo
 from homing.errors import InvalidArgument, PayloadTooLarge
 from homing.store import engine_queries as q
@@ -60,13 +61,11 @@ def encode_body(body: Any, limit: int) -> tuple[bytes, str]:
     if isinstance(body, bytes | bytearray | memoryview):
         data, kind = bytes(body), "bytes"
     else:
-        try:
-            text = json.dumps(body, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
-        except (TypeError, ValueError) as exc:
-            raise InvalidArgument(
-                f"a message body is bytes or a JSON value (dict, list, str, number, bool, "
-                f"None; no NaN): {exc}"
-            ) from exc
+        text = compact(
+            body,
+            what="a message body is bytes or a JSON value (dict, list, str, number, bool, "
+            "None; no NaN)",
+        )
         data, kind = text.encode(), "json"
     if len(data) > limit:
         raise PayloadTooLarge(
@@ -81,10 +80,7 @@ def encode_headers(headers: Any, limit: int) -> str:
         return "{}"
     if not isinstance(headers, Mapping) or not all(isinstance(k, str) for k in headers):
         raise InvalidArgument(f"headers must be a dict with string keys, got {headers!r}"[:300])
-    try:
-        text = json.dumps(dict(headers), allow_nan=False, separators=(",", ":"), ensure_ascii=False)
-    except (TypeError, ValueError) as exc:
-        raise InvalidArgument(f"headers must be JSON values (no NaN): {exc}") from exc
+    text = compact(dict(headers), what="headers must be JSON values (no NaN)")
     if len(text.encode()) > limit:
         raise PayloadTooLarge(f"the headers are over the limit of {limit} bytes")
     return text

@@ -21,14 +21,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
-import json
 import socket
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from homing._json import MAX_DEPTH, MAX_INT, strict_loads
+from homing._json import MAX_DEPTH, MAX_INT, compact, strict_loads
 from homing.errors import InvalidArgument
 from homing.http.errors import UnsafeURL
 
@@ -66,12 +65,7 @@ def encode_body(body: Any, content_type: str | None) -> tuple[str, bytes]:
             f"body for content type {content_type!r} must be bytes or str, got "
             f"{type(body).__name__}; pass bytes, or leave content_type unset for JSON"
         )
-    try:
-        text = json.dumps(body, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
-    except (TypeError, ValueError) as exc:
-        raise InvalidArgument(
-            f"body must be bytes or JSON-serialisable (no NaN/Infinity): {exc}"
-        ) from exc
+    text = compact(body, what="body must be bytes or JSON-serialisable (no NaN/Infinity)")
     return content_type or JSON_TYPE, text.encode()
 
 
