@@ -55,10 +55,10 @@ def fill(db: homing.Database, round_: int) -> None:
         session.submit("q", {"n": i, "unanswered": True})  # its client goes away
     now = db.clock.now()
     with db.store.transaction() as tx:
+        engine_queries.record_published_many(
+            tx, [(homing.uuid7(), "q", None, "routed", now) for _ in range(N)]
+        )
         for _ in range(N):
-            engine_queries.record_published(
-                tx, homing.uuid7(), queue="q", seq=None, outcome="routed", now=now
-            )
             msg = homing.uuid7()
             http_queries.insert_outgoing(
                 tx,
