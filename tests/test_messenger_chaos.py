@@ -11,7 +11,7 @@ from typing import Any
 
 import zmq
 
-from homing.messenger import Incoming, Messenger
+from homing.messenger import Incoming, Messenger, wire
 
 
 class LossyProxy(threading.Thread):
@@ -42,11 +42,15 @@ class LossyProxy(threading.Thread):
 
         def forward(sock: zmq.Socket[Any], frames: list[bytes]) -> None:
             r = self.rng.random()
+            # a frame set may carry a batch of many messages: count the messages it hit
+            carried = 1
+            if frames[-5:][0] == wire.MESSAGES:
+                carried = len(wire.decode(frames[-5:], 1 << 20).records)  # type: ignore[union-attr]
             if r < self.drop:
-                self.faults["dropped"] += 1
+                self.faults["dropped"] += carried
                 return
             if r < self.drop + self.dup:
-                self.faults["duplicated"] += 1
+                self.faults["duplicated"] += carried
                 sock.send_multipart(frames)
             elif r < self.drop + self.dup + self.delay:
                 self.faults["delayed"] += 1

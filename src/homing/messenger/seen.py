@@ -91,6 +91,14 @@ class SeenSet:
             self._his.insert(i + 1, hi)
         return True
 
+    def grows(self, current: int) -> bool:
+        """True if marking ``current`` would add a complement interval (a new gap above
+        ``max_seen``, or an id in the middle of a gap splitting it in two)."""
+        if current > self.max_seen:
+            return current > self.max_seen + 1
+        i = bisect.bisect_right(self._los, current) - 1
+        return i >= 0 and self._los[i] < current < self._his[i] - 1
+
     def is_first_time(self, current: int) -> bool:
         """The seed's ``is_first_time``: check and record in one step."""
         return self.mark(current)
