@@ -121,6 +121,7 @@ class Messenger:
             )
         self.name = name if name is not None else f"m-{secrets.token_hex(8)}"
         self._name_bytes = check_name(self.name, "messenger name")
+        self._routing_id = b"\x01" + secrets.token_bytes(15)
         for what, value in (
             ("retry_initial", retry_initial), ("retry_max", retry_max), ("dead_after", dead_after),
             ("seen_idle", seen_idle), ("gc_interval", gc_interval), ("retention", retention),

@@ -51,6 +51,7 @@ class IOLoop:
         self.to_send: dict[str, list[Pending]] = {}
         self.routes: dict[tuple[str, str, bytes], Route] = {}
         self.heard: dict[Route, float] = {}
+        self.peer_ids: dict[Route, bytes] = {}  # a listener's peer name -> its routing id
         self.dead: set[Route] = set()
         self.fenced_destinations: set[str] = set()
         self.wake = m._wake_r.fileno()
@@ -99,7 +100,10 @@ class IOLoop:
         m = self.m
         s = m._ctx.socket(zmq.DEALER)
         self._common(s)
-        s.setsockopt(zmq.ROUTING_ID, m._name_bytes)
+        # a routing id of its own per process: two processes with one name both stay
+        # connected, so the older one hears its refusal (and is fenced) instead of the
+        # ROUTER handing its connection over silently; peers route to names (peer_ids)
+        s.setsockopt(zmq.ROUTING_ID, m._routing_id)
         if m._curve is not None and m._curve_keys is not None:
             s.curve_publickey, s.curve_secretkey = m._curve_keys
             server_public, _ = zmq.auth.load_certificate(
@@ -177,10 +181,11 @@ class IOLoop:
                 return False
             return True
         r = self.routers.get(route.destination)
-        if r is None:
-            return False
+        via = self.peer_ids.get(route)
+        if r is None or via is None:
+            return False  # that peer has not said anything since this process started
         try:
-            r.send_multipart([route.peer, *frames], zmq.NOBLOCK)
+            r.send_multipart([via, *frames], zmq.NOBLOCK)
         except zmq.ZMQError:
             return False  # peer not connected (EHOSTUNREACH) or full
         return True
@@ -498,6 +503,8 @@ class IOLoop:
         kind, where = self.kind_of[s]
         curve_names = m._curve_names
         for _ in range(_READ_BURST):
+            if s not in self.kind_of:
+                return  # closed while handling the previous frame (this sender was fenced)
             try:
                 if curve_names is None:
                     frames: list[Any] = s.recv_multipart(zmq.NOBLOCK)
@@ -508,17 +515,19 @@ class IOLoop:
                     frames = [f.bytes for f in zframes]
             except zmq.Again:
                 return
+            via = frames[0] if kind == "router" else b""
             if kind == "router":
-                route = self.route("router", where, frames[0])
                 frames = frames[1:]
-            else:
-                route = self.route("dealer", where)
             try:
                 d = wire.decode(frames, m.max_message_bytes)
             except wire.OldVersion as exc:
                 m._stats["old_peers_refused"] += 1
                 log.warning("messenger %s: refused a peer on %s: %s", m.name, where, exc)
-                self.send_frames(route, [wire.VERSION_REFUSAL, m._name_bytes, str(exc).encode()])
+                refusal = [wire.VERSION_REFUSAL, m._name_bytes, str(exc).encode()]
+                try:
+                    s.send_multipart([via, *refusal] if via else refusal, zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    pass
                 continue
             except wire.FrameError as exc:
                 m._stats["dropped_frames"] += 1
@@ -527,14 +536,22 @@ class IOLoop:
                 )
                 continue
             if curve_names is not None and user is not None:
-                claimed = getattr(d, "sender", None)
-                if claimed is not None and curve_names.get(user) != claimed:
+                claimed = frames[1].decode()  # every v2 frame names its peer second
+                if curve_names.get(user) != claimed:
                     m._stats["impostors_refused"] += 1
                     log.warning(
                         "messenger %s: refused a frame naming sender %r from a connection whose "
                         "CURVE key belongs to %r", m.name, claimed, curve_names.get(user),
                     )  # fmt: skip
                     continue
+            if kind == "router":  # routed by the name in the frame, via its latest routing id
+                route = self.route("router", where, frames[1])
+                if self.peer_ids.get(route) != via:
+                    if len(self.peer_ids) > 100_000:
+                        self.peer_ids.clear()
+                    self.peer_ids[route] = via
+            else:
+                route = self.route("dealer", where)
             self.heard[route] = now
             if route in self.dead:
                 self.kick(route, now)
