@@ -574,7 +574,7 @@ class Messenger:
         route = o.route
         d = DeadLetter(
             "out", route.destination, p.channel, p.message_id, p.source_cb, p.dest_cb, p.body,
-            reason, p.attempts + (1 if p.last_tx else 0), time.time(), p.callback_name,
+            reason, p.attempts + 1, time.time(), p.callback_name,
             (route.kind, route.destination, route.peer.hex()),
         )  # fmt: skip
         with self._lock:

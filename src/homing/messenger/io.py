@@ -311,7 +311,8 @@ class IOLoop:
         self.to_send.clear()
 
     def service(self, o: Out, now: float) -> None:
-        """A channel's timer fired: expire, retransmit, re-ask for an epoch, or probe."""
+        """A channel's timer fired: expire, probe a dead peer, re-ask for an epoch, or
+        retransmit what is due."""
         m = self.m
         o.timer_due = None
         if o.next_expiry is not None and o.next_expiry <= now:
@@ -319,29 +320,43 @@ class IOLoop:
         if o.fenced:
             return
         route = o.route
-        if o.epoch is None:
-            if o.waiting and o.requested_at + o.rto <= now:
-                m._stats["retransmits"] += 1
-                self.request_epoch(o, now)
-                o.rto = min(m.retry_max, o.rto * 2)
-        elif route in self.dead:
-            if o.pending and o.last_ping + m.retry_max <= now:
+        busy = bool(o.pending or (o.epoch is None and o.waiting))
+        if route in self.dead:
+            if busy and o.last_ping + m.retry_max <= now:
                 o.last_ping = now
                 self.send_frames(route, wire.encode_signal(wire.PING, m._name_bytes))
+        elif o.epoch is None:
+            if o.waiting and o.requested_at + o.rto <= now:
+                self.rerequest_epoch(o, now)
         elif o.pending:
             self.retransmit_due(o, now)
         # next due
         due: list[float] = []
         if o.next_expiry is not None:
             due.append(o.next_expiry)
-        if o.epoch is None and o.waiting:
+        if route in self.dead:
+            if busy:
+                due.append(o.last_ping + m.retry_max)
+        elif o.epoch is None and o.waiting:
             due.append(o.requested_at + o.rto)
-        elif route in self.dead and o.pending:
-            due.append(o.last_ping + m.retry_max)
         elif o.pending:
             due.append(next(iter(o.pending.values())).last_tx + o.rto)
         if due:
             self.schedule(o, min(due))
+
+    def rerequest_epoch(self, o: Out, now: float) -> None:
+        """No grant came: each unanswered request is an attempt for every waiting message."""
+        m = self.m
+        for p in list(o.waiting):
+            if p.max_attempts is not None and p.attempts + 1 >= p.max_attempts:
+                self.give_up(o, p, "attempts")
+            else:
+                p.attempts += 1
+        if o.waiting:
+            m._stats["retransmits"] += 1
+            self.request_epoch(o, now)
+            o.rto = min(m.retry_max, o.rto * 2)
+            self.check_dead(o, now)
 
     def retransmit_due(self, o: Out, now: float) -> None:
         m = self.m
@@ -363,15 +378,21 @@ class IOLoop:
         m._stats["retransmits"] += len(again)
         self.to_send.setdefault(o.channel.name, []).extend(again)
         o.rto = min(m.retry_max, o.rto * 2)
+        self.check_dead(o, now)
+
+    def check_dead(self, o: Out, now: float) -> None:
+        """A peer not heard from for ``dead_after`` seconds while we retry is marked dead:
+        no more retransmissions to it, only a ping every ``retry_max`` seconds."""
+        m = self.m
         heard = self.heard.setdefault(o.route, now)
         if now - heard >= m.dead_after and o.route not in self.dead:
             self.dead.add(o.route)
             m._stats["peers_dead"] += 1
             o.last_ping = now
             log.warning(
-                "messenger %s: peer %s silent for %.0f s with messages unacknowledged: marked "
+                "messenger %s: peer %s silent for %.1f s with messages unacknowledged: marked "
                 "dead; retransmission stops (pings every %.1f s) until it answers",
-                m.name, o.route, m.dead_after, m.retry_max,
+                m.name, o.route, now - heard, m.retry_max,
             )  # fmt: skip
 
     def expire(self, o: Out, now: float) -> None:
