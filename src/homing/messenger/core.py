@@ -364,11 +364,12 @@ class Messenger:
         """Block until every message is acknowledged or given up, and every delivery
         processed. True does not mean delivered: a given-up message is a dead letter."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        while True:
             if self._unacked == 0 and self._inflight == 0 and self._acker_backlog == 0:
                 return True
+            if time.monotonic() >= deadline:
+                return False
             time.sleep(0.002)
-        return False
 
     def stats(self) -> dict[str, int]:
         """Counters, plus the memory of duplicate tracking (keys and complement intervals)."""

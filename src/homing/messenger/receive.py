@@ -76,8 +76,14 @@ class Receiver:
     # -- the worker loop -------------------------------------------------------------
     def loop(self, w: Worker) -> None:
         m = self.m
+        tick = min(1.0, m.seen_idle / 4)
         while True:
-            item = w.inbox.get()
+            try:
+                item = w.inbox.get(timeout=tick)
+            except queue.Empty:
+                if m._db is None:
+                    self.sweep(w)
+                continue
             if item is None:
                 return
             batch = list(item)
@@ -170,18 +176,20 @@ class Receiver:
         now = time.monotonic()
         cap = max(1, m.max_senders // len(m._workers))
         states = w.states
+        evicted = 0
         while len(states) > cap:
             states.popitem(last=False)
-            m._stats["senders_evicted"] += 1
-        if now - w.swept_at < min(1.0, m.seen_idle / 4):
-            return
-        w.swept_at = now
-        while states:
-            key, st = next(iter(states.items()))
-            if now - st.last_used < m.seen_idle:
-                break
-            del states[key]
-            m._stats["senders_evicted"] += 1
+            evicted += 1
+        if now - w.swept_at >= min(1.0, m.seen_idle / 4):
+            w.swept_at = now
+            while states:
+                key, st = next(iter(states.items()))
+                if now - st.last_used < m.seen_idle:
+                    break
+                del states[key]
+                evicted += 1
+        if evicted:
+            m._count({"senders_evicted": evicted})
 
     def grant(
         self, route: Route, req: wire.EpochRequest, states: dict[Key, SenderState],
