@@ -95,7 +95,8 @@ def test_complement_intervals_are_capped_and_nothing_is_acked_that_was_not_appli
             for i in range(0, len(todo), 2000):
                 records = [(k, 0, 0, b"") for k in todo[i : i + 2000]]
                 raw.send_multipart(wire.encode_batch(b"adv", b"c", epoch, records))
-            wait_for(lambda: srv.stats()["received"] == received + len(todo) and srv.wait_idle(0))
+            target = received + len(todo)
+            wait_for(lambda t=target: srv.stats()["received"] == t and srv.wait_idle(0))
             acked |= _acked_ids(raw)
             todo = [k for k in todo if k not in acked]
         raw.close(0)
