@@ -190,3 +190,42 @@ def test_a_durable_messenger_collects_garbage_on_a_schedule(stores: Any) -> None
     finally:
         rdb.close()
         ctx.term()
+
+
+def test_durable_gaps_are_rows_that_survive_a_restart(stores: Any) -> None:
+    """The durable complement is one row per gap (a batch writes the gaps it changed); a
+    restarted receiver rebuilds it from the rows: a gap id is applied, a seen id is not."""
+    ctx: zmq.Context[Any] = zmq.Context()
+    effects: Counter[int] = Counter()
+    rdb = homing.connect(stores.url("r"))
+    assert isinstance(rdb, homing.Database)
+    try:
+        with Messenger("r", db=rdb, context=ctx) as r:
+            r.listen("inproc://gaps-d", lambda m: effects.update([m.message_id]))
+            raw = _raw(ctx, "inproc://gaps-d", b"adv")
+            epoch = _grant(raw, b"adv", b"c")
+            raw.send_multipart(
+                wire.encode_batch(b"adv", b"c", epoch, [(k, 0, 0, b"") for k in range(2, 202, 2)])
+            )
+            wait_for(lambda: r.stats()["delivered"] == 100 and r.wait_idle(0))
+            raw.close(0)
+        with rdb.store.transaction() as tx:
+            assert tx.query("SELECT COUNT(*) FROM homing_messenger_gaps") == [(100,)]
+            assert tx.query("SELECT max_seen, complement FROM homing_messenger_seen") == [(200, "")]
+        with Messenger("r", db=rdb, context=ctx) as r:
+            r.listen("inproc://gaps-d", lambda m: effects.update([m.message_id]))
+            raw = _raw(ctx, "inproc://gaps-d", b"adv")
+            raw.send_multipart(
+                wire.encode_batch(b"adv", b"c", epoch, [(3, 0, 0, b""), (2, 0, 0, b"")])
+            )
+            ack = wire.decode(raw.recv_multipart(), 1000)
+            assert isinstance(ack, wire.Ack) and ack.ids == (2, 3)
+            wait_for(lambda: r.wait_idle(0))
+            assert r.stats()["duplicates"] == 1
+            raw.close(0)
+        with rdb.store.transaction() as tx:
+            assert tx.query("SELECT COUNT(*) FROM homing_messenger_gaps") == [(99,)]
+    finally:
+        rdb.close()
+        ctx.destroy(linger=0)
+    assert effects == Counter([*range(2, 202, 2), 3])

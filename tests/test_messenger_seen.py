@@ -111,3 +111,20 @@ def test_every_id_once_under_reordering_and_duplication(perm: list[int], dups: l
     firsts = [i for i in arrivals if s.is_first_time(i)]
     assert sorted(firsts) == list(range(1, 60))
     assert s.gaps == []
+
+
+def test_diff_names_only_the_gaps_a_batch_changed() -> None:
+    """Durable mode writes ``diff`` to the store: with 1,000 gaps, filling one id and
+    opening one gap touches two rows, not 1,000."""
+    s = SeenSet()
+    for i in range(2, 2002, 2):
+        s.mark(i)
+    assert s.interval_count == 1000
+    before = s.snapshot()
+    s.mark(1)  # fills the first gap
+    s.mark(2004)  # opens one above max_seen
+    s.mark(1500 - 1)  # fills a gap in the middle
+    gone, changed = s.diff(before)
+    assert sorted(gone) == [1, 1499] and changed == [(2001, 2004)]
+    applied = {lo: hi for lo, hi in before.items() if lo not in gone} | dict(changed)
+    assert applied == s.snapshot()

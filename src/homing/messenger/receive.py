@@ -42,6 +42,7 @@ class SenderState:
     nonce: int
     seen: SeenSet
     last_used: float = 0.0
+    stored: dict[int, int] | None = None  # durable: the gaps as loaded, to write only changes
 
 
 @dataclass
@@ -128,10 +129,7 @@ class Receiver:
                     now = m._db.store.clock.now()
                     for key in r.dirty:
                         st = states[key]
-                        q.save_seen(
-                            t.tx, m.name, key[0], key[1], st.epoch, st.nonce, st.seen.max_seen,
-                            st.seen.encode(), now,
-                        )  # fmt: skip
+                        self.save(t, key, st, now)
                     for d in r.parked:
                         q.insert_dead(t.tx, m.name, to_row(d))
                     failpoint("messenger.after_seen_update")
@@ -165,9 +163,23 @@ class Receiver:
         if st is None and t is not None:
             row = q.load_seen(t.tx, self.m.name, key[0], key[1])
             if row is not None:
-                st = SenderState(row[0], row[1], SeenSet.decode(row[2], row[3]))
+                gaps = SeenSet.decode(row[2], row[3]).gaps  # text: rows from before v3
+                gaps += q.load_gaps(t.tx, self.m.name, key[0], key[1])
+                seen = SeenSet(row[2], sorted(gaps))
+                st = SenderState(row[0], row[1], seen, stored={} if row[3] else seen.snapshot())
                 states[key] = st
         return st
+
+    def save(self, t: Transaction, key: Key, st: SenderState, now: float) -> None:
+        """Durable: the epoch and max_seen, and only the gaps this batch changed."""
+        m = self.m
+        if st.stored is None:  # a new epoch with fresh ids: the old gaps go
+            q.reset_gaps(t.tx, m.name, key[0], key[1])
+            st.stored = {}
+        gone, changed = st.seen.diff(st.stored)
+        q.save_gaps(t.tx, m.name, key[0], key[1], gone, changed)
+        st.stored = st.seen.snapshot()
+        q.save_seen(t.tx, m.name, key[0], key[1], st.epoch, st.nonce, st.seen.max_seen, "", now)
 
     def sweep(self, w: Worker) -> None:
         """Memory mode: forget senders idle for ``seen_idle`` seconds, and the least recently
@@ -207,7 +219,8 @@ class Receiver:
                     "epoch are refused", m.name, req.sender, req.channel, epoch, st.epoch,
                     "fresh ids" if req.fresh else "resumed ids",
                 )  # fmt: skip
-            st = SenderState(epoch, req.nonce, seen)
+            kept = st.stored if st is not None and not req.fresh else None
+            st = SenderState(epoch, req.nonce, seen, stored=kept)
             states[key] = st
             r.dirty.add(key)
             r.count("epochs_granted")

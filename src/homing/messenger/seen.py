@@ -121,6 +121,19 @@ class SeenSet:
         """The complement as a plain set (for tests and small gaps only)."""
         return {i for lo, h in self.gaps for i in range(lo, h)}
 
+    def snapshot(self) -> dict[int, int]:
+        """The gaps as ``{lo: hi}``, to ``diff`` against after a batch."""
+        return dict(zip(self._los, self._his, strict=True))
+
+    def diff(self, before: dict[int, int]) -> tuple[list[int], list[tuple[int, int]]]:
+        """What changed since ``before`` (a ``snapshot``): the ``lo`` of gaps gone, and the
+        gaps new or changed. A batch usually fills a few gaps and opens a few: the store
+        writes those rows, not the whole complement."""
+        now = self.snapshot()
+        gone = [lo for lo in before if lo not in now]
+        changed = [(lo, hi) for lo, hi in now.items() if before.get(lo) != hi]
+        return gone, changed
+
     def encode(self) -> str:
         """Text form for the store: ``"lo-hi,lo-hi"`` (half-open)."""
         return ",".join(f"{lo}-{h}" for lo, h in self.gaps)

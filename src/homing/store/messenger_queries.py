@@ -156,6 +156,46 @@ def save_seen(
     )
 
 
+def load_gaps(tx: Tx, owner: str, sender: str, channel: str) -> list[tuple[int, int]]:
+    return [
+        (int(lo), int(hi))
+        for lo, hi in tx.query(
+            "SELECT lo, hi FROM homing_messenger_gaps WHERE owner = ? AND sender = ? "
+            "AND channel = ? ORDER BY lo",
+            (owner, sender, channel),
+        )
+    ]
+
+
+def save_gaps(
+    tx: Tx,
+    owner: str,
+    sender: str,
+    channel: str,
+    gone: Sequence[int],
+    changed: Sequence[tuple[int, int]],
+) -> None:
+    """Write only what a batch changed in the complement: gaps gone and gaps new/changed."""
+    tx.executemany(
+        "DELETE FROM homing_messenger_gaps WHERE owner = ? AND sender = ? AND channel = ? "
+        "AND lo = ?",
+        [(owner, sender, channel, lo) for lo in gone],
+    )
+    tx.executemany(
+        "INSERT INTO homing_messenger_gaps (owner, sender, channel, lo, hi) "
+        "VALUES (?, ?, ?, ?, ?) ON CONFLICT (owner, sender, channel, lo) "
+        "DO UPDATE SET hi = excluded.hi",
+        [(owner, sender, channel, lo, hi) for lo, hi in changed],
+    )
+
+
+def reset_gaps(tx: Tx, owner: str, sender: str, channel: str) -> None:
+    tx.execute(
+        "DELETE FROM homing_messenger_gaps WHERE owner = ? AND sender = ? AND channel = ?",
+        (owner, sender, channel),
+    )
+
+
 def seen_rows(tx: Tx, owner: str) -> list[tuple[str, str, int, int, str]]:
     return [
         (str(s), str(c), int(i), int(m), str(x))
@@ -253,6 +293,12 @@ def touch_channel(tx: Tx, owner: str, channel: str, now: float) -> None:
 def collect_garbage(tx: Tx, cutoff: float) -> dict[str, int]:
     """Delete messenger rows idle since before ``cutoff``: seen state, dead letters, and
     channels with no pending message (all owners)."""
+    tx.execute(
+        "DELETE FROM homing_messenger_gaps WHERE EXISTS (SELECT 1 FROM homing_messenger_seen s "
+        "WHERE s.owner = homing_messenger_gaps.owner AND s.sender = homing_messenger_gaps.sender "
+        "AND s.channel = homing_messenger_gaps.channel AND s.updated_at < ?)",
+        (cutoff,),
+    )
     seen = tx.execute("DELETE FROM homing_messenger_seen WHERE updated_at < ?", (cutoff,))
     dead = tx.execute("DELETE FROM homing_messenger_dead WHERE failed_at < ?", (cutoff,))
     return {

@@ -8,6 +8,9 @@
   Since version 2 ``incarnation`` holds the epoch this receiver granted (only moves
   forward) and ``nonce`` the request it answered.
 - ``homing_messenger_dead`` (version 2): dead letters, out (given up on) or in (parked).
+- ``homing_messenger_gaps`` (version 3): the complement as one row per gap ``[lo, hi)``, so
+  a batch writes only the gaps it changed; ``complement`` text is then only read (rows
+  written before version 3) and left empty.
 """
 
 from __future__ import annotations
@@ -97,3 +100,19 @@ MIGRATIONS.append(
         _v2("BIGINT", "DOUBLE PRECISION", "BYTEA"),
     )
 )
+
+
+def _v3(int64: str) -> tuple[str, ...]:
+    return (
+        f"""CREATE TABLE homing_messenger_gaps (
+            owner TEXT NOT NULL,
+            sender TEXT NOT NULL,
+            channel TEXT NOT NULL,
+            lo {int64} NOT NULL,
+            hi {int64} NOT NULL,
+            PRIMARY KEY (owner, sender, channel, lo)
+        )""",
+    )
+
+
+MIGRATIONS.append(Migration(3, "messenger complement as gap rows", _v3("INTEGER"), _v3("BIGINT")))
