@@ -25,7 +25,6 @@ import socket
 import threading
 import time
 from collections import deque
-from pathlib import Path
 from typing import Any
 
 import zmq
@@ -33,8 +32,10 @@ import zmq.auth
 
 from homing.database import Database
 from homing.errors import ConfigurationError, InvalidArgument, PayloadTooLarge
+from homing.messenger import curve as curve_auth
 from homing.messenger import wire
-from homing.messenger.durable import DEFAULT_RETENTION_S, Keeper, from_row
+from homing.messenger.deadletters import DeadLetterBook
+from homing.messenger.durable import DEFAULT_RETENTION_S, Keeper
 from homing.messenger.io import IOLoop
 from homing.messenger.model import (
     NAMED_BIT,
@@ -42,7 +43,6 @@ from homing.messenger.model import (
     Callback,
     Curve,
     DeadLetter,
-    Failure,
     MessengerError,
     MessengerFenced,
     Route,
@@ -152,7 +152,7 @@ class Messenger:
         self._curve_keys: tuple[bytes, bytes] | None = None
         self._curve_names: dict[str, str] | None = None
         if curve is not None:
-            self._curve_keys = self._load_secret(curve.secret_key_file)
+            self._curve_keys = curve_auth.load_secret(curve.secret_key_file)
         self._own_context = context is None
         self._ctx: zmq.Context[Any] = context if context is not None else zmq.Context()
         self._epoch_base = secrets.randbits(31) << 32  # epochs this receiver grants start here
@@ -168,7 +168,7 @@ class Messenger:
         self._channels: dict[str, Channel] = {}
         self._routes: dict[str, Route] = {}
         self._fenced: set[str] = set()
-        self._dead: deque[DeadLetter] = deque()
+        self._book = DeadLetterBook(self)
         self._workers = [Worker(i, queue.SimpleQueue()) for i in range(workers)]
         self._receiver = Receiver(self)
         self._keeper = Keeper(self, db) if db is not None else None
@@ -233,7 +233,8 @@ class Messenger:
         if not callable(server_loop_callback):
             raise InvalidArgument("server_loop_callback must be callable")
         self.start()
-        self._start_authenticator()
+        if self._curve is not None and self._auth is None:
+            self._auth, self._curve_names = curve_auth.start_authenticator(self._ctx, self._curve)
         done = threading.Event()
         result: list[Any] = []
         self._post(("listen", endpoint, server_loop_callback, done, result))
@@ -246,7 +247,7 @@ class Messenger:
     def connect(self, destination: str) -> None:
         """Open the connection to ``destination`` now instead of on the first send."""
         check_endpoint(destination)
-        self._check_curve_destination(destination)
+        curve_auth.check_destination(self._curve, destination)
         self.start()
         self._post(("connect", destination))
 
@@ -272,7 +273,7 @@ class Messenger:
         route = self._routes.get(destination)
         if route is None:
             check_endpoint(destination)
-            self._check_curve_destination(destination)
+            curve_auth.check_destination(self._curve, destination)
             route = self._routes[destination] = Route("dealer", destination)
         self._send(route, message, callback, NOOP, ttl, max_attempts)
 
@@ -294,62 +295,13 @@ class Messenger:
 
     def dead_letters(self, limit: int = 1000) -> list[DeadLetter]:
         """Messages given up on (``direction="out"``) or parked (``"in"``), oldest first."""
-        if self._db is None:
-            with self._lock:
-                return list(self._dead)[:limit]
-        with self._db.store.transaction() as tx:
-            return [from_row(r) for r in q.dead_rows(tx, self.name, limit)]
+        return self._book.listing(limit)
 
     def redrive(self, letters: list[DeadLetter] | None = None) -> int:
         """Send again (out) or apply again (in) dead letters (all if None), with their
         original ids, so a copy that did arrive earlier is still suppressed. Returns how many."""
-        todo = self.dead_letters(10**9) if letters is None else list(letters)
         self.start()
-        n = 0
-        for d in todo:
-            if d.direction == "out":
-                n += self._redrive_out(d)
-                continue
-            if self._db is None:
-                with self._lock:
-                    if d not in self._dead:
-                        continue
-                    self._dead.remove(d)
-            self._to_worker(d.peer, d.channel, [("p", None, d)])
-            n += 1
-        return n
-
-    def _redrive_out(self, d: DeadLetter) -> bool:
-        kind, destination, peer = d.route
-        route = Route(kind, destination, bytes.fromhex(peer))
-        ch = self._channel(route)
-        if ch.name in self._fenced:
-            raise MessengerFenced(f"channel {ch.name} is fenced; cannot redrive into it")
-        p = Pending(ch.name, d.message_id, d.source_cb, d.dest_cb, d.body, d.callback_name)
-        if self._db is None:
-            with self._lock:
-                if d not in self._dead:
-                    return False
-                self._dead.remove(d)
-                self._unacked += 1
-            self._post(("send", p))
-            return True
-        with self._db.store.transaction() as tx:
-            if not q.delete_dead(tx, self.name, "out", d.channel, d.message_id):
-                return False
-            q.insert_out(
-                tx, self.name,
-                q.OutRow(ch.name, d.message_id, 0, d.source_cb, d.dest_cb, d.callback_name, d.body),
-                self._db.store.clock.now(),
-            )  # fmt: skip
-
-            def _after() -> None:
-                with self._lock:
-                    self._unacked += 1
-                self._post(("send", p))
-
-            tx.call_after_commit(_after)
-        return True
+        return self._book.redrive(letters)
 
     @property
     def fenced(self) -> set[str]:
@@ -376,7 +328,7 @@ class Messenger:
         with self._lock:
             out = dict(self._stats)
             out["callbacks"] = len(self._callbacks)
-            out["dead_letters"] = len(self._dead)
+            out["dead_letters"] = len(self._book.letters)
         states = [s for w in self._workers for s in list(w.states.values())]
         out["seen_keys"] = len(states)
         out["seen_intervals"] = sum(s.seen.interval_count for s in states)
@@ -571,103 +523,16 @@ class Messenger:
                 put(("acked", (p.channel, p.message_id)))
 
     def _gave_up(self, o: Out, p: Pending, reason: str) -> None:
-        """The I/O thread gave up on ``p``: count it, keep a dead letter, tell its MSC."""
-        route = o.route
-        d = DeadLetter(
-            "out", route.destination, p.channel, p.message_id, p.source_cb, p.dest_cb, p.body,
-            reason, p.attempts + 1, time.time(), p.callback_name,
-            (route.kind, route.destination, route.peer.hex()),
-        )  # fmt: skip
-        with self._lock:
-            self._unacked -= 1
-            self._stats["gave_up"] += 1
-        if self._keeper is not None:
-            if reason == "fenced":
-                return  # the rows stay in the store for the process that fenced this one
-            with self._lock:
-                self._acker_backlog += 1
-            self._keeper.work.put(("dead", d))
-        else:
-            self._keep_dead([d])
-        log.warning(
-            "messenger %s: gave up on %s#%d after %d transmissions (%s); kept as a dead letter",
-            self.name, p.channel, p.message_id, d.attempts, reason,
-        )  # fmt: skip
-        if p.source_cb != NOOP:
-            failure = Failure(
-                route.destination, p.channel, p.message_id, p.body, reason, d.attempts
-            )
-            self._to_worker(self.name, p.channel, [("f", p.source_cb, failure)])
+        self._book.gave_up(o, p, reason)
 
     def _keep_dead(self, letters: list[DeadLetter]) -> None:
-        with self._lock:
-            for d in letters:
-                if len(self._dead) >= self.max_dead_letters:
-                    self._dead.popleft()
-                    self._stats["dead_letters_dropped"] += 1
-                    log.error(
-                        "messenger %s: more than max_dead_letters=%d dead letters; the oldest "
-                        "was dropped", self.name, self.max_dead_letters,
-                    )  # fmt: skip
-                self._dead.append(d)
+        self._book.keep(letters)
 
     def _count(self, stats: dict[str, int]) -> None:
         if stats:
             with self._lock:
                 for k, v in stats.items():
                     self._stats[k] += v
-
-    def _check_curve_destination(self, destination: str) -> None:
-        if self._curve is not None and destination not in self._curve.server_public_keys:
-            raise ConfigurationError(
-                f"CURVE is on but no server public key is configured for {destination}; add it "
-                "to Curve(server_public_keys={destination: 'server.key'})"
-            )
-
-    @staticmethod
-    def _load_secret(path: str | Path) -> tuple[bytes, bytes]:
-        try:
-            public, secret = zmq.auth.load_certificate(str(path))
-        except (OSError, ValueError) as exc:
-            raise ConfigurationError(f"cannot read CURVE key file {path}: {exc}") from exc
-        if not secret:
-            raise ConfigurationError(
-                f"{path} holds no secret key; pass the .key_secret file made by "
-                "zmq.auth.create_certificates"
-            )
-        return public, secret
-
-    def _start_authenticator(self) -> None:
-        """CURVE listeners need a ZAP handler; one per zmq.Context, started before binding.
-        With ``authorized_keys_dir``, each key's file stem is the only name it may send as."""
-        if self._curve is None or self._auth is not None:
-            return
-        from zmq.auth.thread import ThreadAuthenticator
-
-        location = self._curve.authorized_keys_dir
-        if location is not None:
-            if not Path(location).is_dir():
-                raise ConfigurationError(
-                    f"authorized_keys_dir {location} is not a directory of public .key files"
-                )
-            names: dict[str, str] = {}
-            for path in sorted(Path(location).glob("*.key")):
-                public, _ = zmq.auth.load_certificate(str(path))
-                names[public.decode("ascii")] = path.stem
-            self._curve_names = names
-        auth = ThreadAuthenticator(self._ctx, log=logging.getLogger("homing.messenger.auth"))
-        try:
-            auth.start()
-        except zmq.ZMQError as exc:
-            raise ConfigurationError(
-                "cannot start the CURVE authenticator: another one runs on this zmq.Context "
-                f"({exc}); give each CURVE listener its own context"
-            ) from exc
-        auth.configure_curve(
-            domain="*",
-            location=str(location) if location is not None else zmq.auth.CURVE_ALLOW_ANY,
-        )
-        self._auth = auth
 
     # -- durable state -----------------------------------------------------------------
     def _resume(self, keeper: Keeper) -> None:

@@ -61,6 +61,15 @@ def next_message_id(tx: Tx, owner: str, channel: str) -> tuple[int, int]:
     return int(row[0]), int(row[1])
 
 
+def raise_next_id(tx: Tx, owner: str, channel: str, at_least: int) -> None:
+    """Ids handed out later on this channel stay above ``at_least`` (a redriven id)."""
+    tx.execute(
+        "UPDATE homing_messenger_channels SET next_id = ? "
+        "WHERE owner = ? AND channel = ? AND next_id < ?",
+        (at_least, owner, channel, at_least),
+    )
+
+
 def channels(tx: Tx, owner: str) -> list[ChannelRow]:
     return [
         ChannelRow(str(c), str(r), str(d), None if p is None else str(p), int(i))
