@@ -282,16 +282,20 @@ class Messenger:
         destination: str,
         messages: list[bytes | str],
         callback: Callback | str | int = NOOP,
+        *,
+        ttl: float | None = None,
+        max_attempts: int | None = None,
     ) -> None:
-        """``send`` each message; in durable mode all are stored in one transaction (one
-        commit instead of one per message); ``callback`` gets each reply."""
-        if self._db is None:
-            for message in messages:
-                self.send(destination, message, callback)
-            return
-        with self._db.store.transaction():
-            for message in messages:
-                self.send(destination, message, callback)
+        """``send`` each message; in durable mode all are stored in one transaction with
+        one id reservation and one multi-row insert; ``callback`` gets each reply."""
+        route = self._routes.get(destination)
+        if route is None:
+            check_endpoint(destination)
+            curve_auth.check_destination(self._curve, destination)
+            route = self._routes[destination] = Route("dealer", destination)
+        bodies = [self._body(message) for message in messages]
+        if bodies:
+            self._send_bodies(route, bodies, callback, NOOP, ttl, max_attempts)
 
     def dead_letters(self, limit: int = 1000) -> list[DeadLetter]:
         """Messages given up on (``direction="out"``) or parked (``"in"``), oldest first."""
@@ -438,14 +442,26 @@ class Messenger:
         ttl: float | None = None,
         max_attempts: int | None = None,
     ) -> None:
+        self._send_bodies(route, [self._body(message)], callback, dest_cb, ttl, max_attempts)
+
+    def _send_bodies(
+        self,
+        route: Route,
+        bodies: list[bytes],
+        callback: Callback | str | int,
+        dest_cb: int,
+        ttl: float | None,
+        max_attempts: int | None,
+    ) -> None:
         if self._closed:
             raise MessengerError("this Messenger was closed; messages can no longer be sent")
-        body = self._body(message)
         _positive("ttl", ttl, optional=True)
         _positive("max_attempts", max_attempts, integer=True, optional=True)
         ttl = self.ttl if ttl is None else ttl
         attempts = self.max_attempts if max_attempts is None else max_attempts
-        cb_id, cb_name, fn = self._callback_for(callback)
+        first = self._callback_for(callback)
+        one_shot = first[2] is not None  # a callable: one id (one-shot MSC) per message
+        cbs = [first] + [self._callback_for(callback) if one_shot else first for _ in bodies[1:]]
         ch = self._channel(route)
         if ch.name in self._fenced:
             raise MessengerFenced(
@@ -457,48 +473,58 @@ class Messenger:
         deadline = None if ttl is None else time.monotonic() + ttl
         if self._db is None:
             with self._lock:
-                ch.next_id += 1
-                message_id = ch.next_id
-                if fn is not None:
-                    self._callbacks[cb_id] = (fn, True)
-                self._unacked += 1
-            p = Pending(ch.name, message_id, cb_id, dest_cb, body, cb_name, deadline, attempts)
-            self._post(("send", p))
+                start = ch.next_id + 1
+                ch.next_id += len(bodies)
+                for cb_id, _, fn in cbs:
+                    if fn is not None:
+                        self._callbacks[cb_id] = (fn, True)
+                self._unacked += len(bodies)
+            for i, (body, (cb_id, cb_name, _)) in enumerate(zip(bodies, cbs, strict=True)):
+                self._post(
+                    ("send", Pending(
+                        ch.name, start + i, cb_id, dest_cb, body, cb_name, deadline, attempts,
+                    ))
+                )  # fmt: skip
             return
-        self._send_durable(ch, route, p_args=(cb_id, dest_cb, body, cb_name, deadline, attempts),
-                           fn=fn, ttl=ttl)  # fmt: skip
+        self._send_durable(ch, route, bodies, cbs, dest_cb, ttl, deadline, attempts)
 
     def _send_durable(
-        self, ch: Channel, route: Route, p_args: tuple[Any, ...], fn: Callback | None,
-        ttl: float | None,
+        self, ch: Channel, route: Route, bodies: list[bytes],
+        cbs: list[tuple[int, str | None, Callback | None]], dest_cb: int, ttl: float | None,
+        deadline: float | None, attempts: int | None,
     ) -> None:  # fmt: skip
+        """Store the messages (in the caller's transaction if one is open: an outbox) and
+        hand them to the I/O thread once that commits."""
         assert self._db is not None
-        cb_id, dest_cb, body, cb_name, deadline, attempts = p_args
         db = self._db
         with db.store.transaction() as tx:
             now = db.store.clock.now()
             if not ch.stored:
-                created = q.ensure_channel(
+                ch.fresh = q.ensure_channel(
                     tx, self.name, ch.name, route.kind, route.destination,
                     route.peer.hex() if route.kind == "router" else None, 0, now,
                 )  # fmt: skip
-                ch.fresh = created
-            _, message_id = q.next_message_id(tx, self.name, ch.name)
-            q.insert_out(
-                tx, self.name,
-                q.OutRow(ch.name, message_id, 0, cb_id, dest_cb, cb_name, body,
-                         None if ttl is None else now + ttl),
-                now,
-            )  # fmt: skip
-            p = Pending(ch.name, message_id, cb_id, dest_cb, body, cb_name, deadline, attempts)
+            start = q.reserve_ids(tx, self.name, ch.name, len(bodies))
+            stored_deadline = None if ttl is None else now + ttl
+            rows, pending = [], []
+            for i, (body, (cb_id, cb_name, _)) in enumerate(zip(bodies, cbs, strict=True)):
+                rows.append(
+                    q.OutRow(ch.name, start + i, 0, cb_id, dest_cb, cb_name, body, stored_deadline)
+                )
+                pending.append(
+                    Pending(ch.name, start + i, cb_id, dest_cb, body, cb_name, deadline, attempts)
+                )
+            q.insert_out_many(tx, self.name, rows, now)
 
             def _after_commit() -> None:
                 ch.stored = True
                 with self._lock:
-                    if fn is not None:
-                        self._callbacks[cb_id] = (fn, True)
-                    self._unacked += 1
-                self._post(("send", p))
+                    for cb_id, _, fn in cbs:
+                        if fn is not None:
+                            self._callbacks[cb_id] = (fn, True)
+                    self._unacked += len(pending)
+                for p in pending:
+                    self._post(("send", p))
 
             tx.call_after_commit(_after_commit)
 

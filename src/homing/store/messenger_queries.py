@@ -49,18 +49,6 @@ def ensure_channel(
     return bool(cur.rowcount == 1)
 
 
-def next_message_id(tx: Tx, owner: str, channel: str) -> tuple[int, int]:
-    """Hand out the channel's next message id; returns (incarnation, id)."""
-    row = tx.query_one(
-        "UPDATE homing_messenger_channels SET next_id = next_id + 1 "
-        "WHERE owner = ? AND channel = ? RETURNING incarnation, next_id",
-        (owner, channel),
-    )
-    if row is None:
-        raise LookupError(f"messenger channel {owner}/{channel} is not in the store")
-    return int(row[0]), int(row[1])
-
-
 def raise_next_id(tx: Tx, owner: str, channel: str, at_least: int) -> None:
     """Ids handed out later on this channel stay above ``at_least`` (a redriven id)."""
     tx.execute(
@@ -68,6 +56,18 @@ def raise_next_id(tx: Tx, owner: str, channel: str, at_least: int) -> None:
         "WHERE owner = ? AND channel = ? AND next_id < ?",
         (at_least, owner, channel, at_least),
     )
+
+
+def reserve_ids(tx: Tx, owner: str, channel: str, n: int) -> int:
+    """Hand out the channel's next ``n`` message ids at once; returns the first."""
+    row = tx.query_one(
+        "UPDATE homing_messenger_channels SET next_id = next_id + ? "
+        "WHERE owner = ? AND channel = ? RETURNING next_id",
+        (n, owner, channel),
+    )
+    if row is None:
+        raise LookupError(f"messenger channel {owner}/{channel} is not in the store")
+    return int(row[0]) - n + 1
 
 
 def channels(tx: Tx, owner: str) -> list[ChannelRow]:
@@ -98,6 +98,18 @@ def insert_out(tx: Tx, owner: str, row: OutRow, now: float) -> None:
             row.deadline,
         ),
     )
+
+
+def insert_out_many(tx: Tx, owner: str, rows: Sequence[OutRow], now: float) -> None:
+    tx.executemany(
+        "INSERT INTO homing_messenger_out (owner, channel, message_id, incarnation, source_cb, "
+        "dest_cb, callback_name, body, created_at, deadline) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            (owner, r.channel, r.message_id, r.incarnation, r.source_cb, r.dest_cb,
+             r.callback_name, r.body, now, r.deadline)
+            for r in rows
+        ],
+    )  # fmt: skip
 
 
 def delete_out(tx: Tx, owner: str, acked: Sequence[tuple[str, int]]) -> None:
