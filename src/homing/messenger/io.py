@@ -206,14 +206,14 @@ class IOLoop(Sending):
                 self.enqueue(cmd[1], now)
             elif op == "ack":
                 _, route, channel, epoch, ids = cmd
-                if self.send_frames(route, wire.encode_ack(m._name_bytes, channel, epoch, ids)):
-                    m._stats["acks_sent"] += 1
+                for frames in wire.encode_acks(m._name_bytes, channel, epoch, ids):
+                    if self.send_frames(route, frames):
+                        m._stats["acks_sent"] += 1
                 failpoint("messenger.after_ack_sent")
             elif op == "refuse":
                 _, route, channel, epoch, reason, ids = cmd
-                self.send_frames(
-                    route, wire.encode_refusal(m._name_bytes, channel, epoch, reason, ids)
-                )
+                for frames in wire.encode_refusals(m._name_bytes, channel, epoch, reason, ids):
+                    self.send_frames(route, frames)
             elif op == "grant":
                 _, route, channel, nonce, epoch = cmd
                 self.send_frames(

@@ -122,16 +122,23 @@ def u64(value: int) -> bytes:
     return _U64.pack(value)
 
 
+MAX_RANGE_SPAN = 1 << 20
+
+
 def ranges_of(ids: list[int]) -> list[tuple[int, int]]:
     """Sorted inclusive ranges covering ``ids`` (an acknowledgement of 256 ids in a row is
-    one range)."""
+    one range); no range spans more than ``MAX_RANGE_SPAN`` ids."""
     out: list[tuple[int, int]] = []
     for i in sorted(set(ids)):
-        if out and out[-1][1] == i - 1:
+        if out and out[-1][1] == i - 1 and i - out[-1][0] < MAX_RANGE_SPAN:
             out[-1] = (out[-1][0], i)
         else:
             out.append((i, i))
     return out
+
+
+def _chunks(ranges: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+    return [ranges[i : i + MAX_RANGES] for i in range(0, len(ranges), MAX_RANGES)]
 
 
 def encode_records(records: list[Record]) -> bytes:
@@ -157,6 +164,19 @@ def _pack_ranges(ranges: list[tuple[int, int]]) -> bytes:
 
 def encode_ack(acker: bytes, channel: bytes, epoch: int, ids: list[int]) -> list[bytes]:
     return [ACK, acker, channel, _U64.pack(epoch), _pack_ranges(ranges_of(ids))]
+
+
+def encode_acks(acker: bytes, channel: bytes, epoch: int, ids: list[int]) -> list[list[bytes]]:
+    """Acks for any number of ids: as many ZeroMQ messages as the range limit needs."""
+    e = _U64.pack(epoch)
+    return [[ACK, acker, channel, e, _pack_ranges(c)] for c in _chunks(ranges_of(ids))]
+
+
+def encode_refusals(
+    refuser: bytes, channel: bytes, epoch: int, reason: int, ids: list[int]
+) -> list[list[bytes]]:
+    e, r = _U64.pack(epoch), bytes([reason])
+    return [[REFUSE, refuser, channel, e, r, _pack_ranges(c)] for c in _chunks(ranges_of(ids))]
 
 
 def encode_refusal(
@@ -208,7 +228,7 @@ def _ranges(packed: bytes) -> list[tuple[int, int]]:
         raise FrameError(f"id range list of {len(packed)} bytes is not 1..{MAX_RANGES} ranges")
     out = [(int(lo), int(hi)) for lo, hi in _RANGE.iter_unpack(packed)]
     for lo, hi in out:
-        if not 1 <= lo <= hi or hi - lo > 1 << 20:
+        if not 1 <= lo <= hi or hi - lo >= MAX_RANGE_SPAN:
             raise FrameError(f"id range [{lo}, {hi}] is empty, starts at 0 or is too long")
     return out
 
