@@ -165,7 +165,14 @@ class IOLoop(Sending):
                     continue
             if kind == "router":  # routed by the name in the frame, via its latest routing id
                 route = self.route("router", where, frames[1])
-                if self.peer_ids.get(route) != via:
+                known = self.peer_ids.get(route)
+                # only a new session (epoch request) or connection (hello) moves a known
+                # name to another routing id: a stray or forged frame does not
+                if known != via and (
+                    known is None
+                    or isinstance(d, wire.EpochRequest)
+                    or (isinstance(d, wire.Signal) and d.kind == wire.HELLO)
+                ):
                     if len(self.peer_ids) > 100_000:
                         self.peer_ids.clear()
                     self.peer_ids[route] = via
