@@ -20,7 +20,7 @@ from homing.messenger import NOOP, Curve, Incoming, Messenger, MessengerError, w
 def ctx() -> Iterator[zmq.Context]:  # type: ignore[type-arg]
     context = zmq.Context()
     yield context
-    context.term()
+    context.destroy(linger=0)  # a failed assertion may leave a socket open
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:

@@ -415,8 +415,9 @@ class Messenger:
         if ch is None:
             with self._lock:
                 ch = self._channels.get(name)
-                if ch is None:
-                    ch = self._channels[name] = Channel(name, name.encode(), route)
+                if ch is None:  # a channel's sends follow the peer's latest routing id
+                    plain = Route(route.kind, route.destination, route.peer)
+                    ch = self._channels[name] = Channel(name, name.encode(), plain)
         return ch
 
     def _body(self, message: bytes | str) -> bytes:

@@ -118,90 +118,111 @@ class IOLoop(Sending):
         received: list[tuple[Route, wire.Batch | wire.EpochRequest]],
         now: float,
     ) -> None:
-        m = self.m
         kind, where = self.kind_of[s]
-        curve_names = m._curve_names
+        curve = self.m._curve_names is not None and kind == "router"
         for _ in range(_READ_BURST):
             if s not in self.kind_of:
                 return  # closed while handling the previous frame (this sender was fenced)
             try:
-                if curve_names is None:
+                if not curve:
                     frames: list[Any] = s.recv_multipart(zmq.NOBLOCK)
                     user = None
                 else:
                     zframes = s.recv_multipart(zmq.NOBLOCK, copy=False)
-                    user = str(zframes[0].get("User-Id")) if kind == "router" else None
+                    user = str(zframes[0].get("User-Id"))
                     frames = [f.bytes for f in zframes]
             except zmq.Again:
                 return
             via = frames[0] if kind == "router" else b""
+            body = frames[1:] if kind == "router" else frames
+            d = self.decode(s, where, via, body, user)
+            if d is None:
+                continue
             if kind == "router":
-                frames = frames[1:]
-            try:
-                d = wire.decode(frames, m.max_message_bytes)
-            except wire.OldVersion as exc:
-                m._stats["old_peers_refused"] += 1
-                log.warning("messenger %s: refused a peer on %s: %s", m.name, where, exc)
-                refusal = [wire.VERSION_REFUSAL, m._name_bytes, str(exc).encode()]
-                try:
-                    s.send_multipart([via, *refusal] if via else refusal, zmq.NOBLOCK)
-                except zmq.ZMQError:
-                    pass
-                continue
-            except wire.FrameError as exc:
-                m._stats["dropped_frames"] += 1
-                log.warning(
-                    "messenger %s: dropped a malformed message on %s: %s", m.name, where, exc
-                )
-                continue
-            if curve_names is not None and user is not None:
-                claimed = frames[1].decode()  # every v2 frame names its peer second
-                if curve_names.get(user) != claimed:
-                    m._stats["impostors_refused"] += 1
-                    log.warning(
-                        "messenger %s: refused a frame naming sender %r from a connection whose "
-                        "CURVE key belongs to %r", m.name, claimed, curve_names.get(user),
-                    )  # fmt: skip
-                    continue
-            if kind == "router":  # routed by the name in the frame, via its latest routing id
-                route = self.route("router", where, frames[1])
-                known = self.peer_ids.get(route)
-                # only a new session (epoch request) or connection (hello) moves a known
-                # name to another routing id: a stray or forged frame does not
-                if known != via and (
-                    known is None
-                    or isinstance(d, wire.EpochRequest)
-                    or (isinstance(d, wire.Signal) and d.kind == wire.HELLO)
-                ):
-                    if len(self.peer_ids) > 100_000:
-                        self.peer_ids.clear()
-                    self.peer_ids[route] = via
+                route = self.peer_route(where, via, body[1], d)
+                answer = Route("router", where, route.peer, via)
             else:
-                route = self.route("dealer", where)
+                route = answer = self.route("dealer", where)
             self.heard[route] = now
             if route in self.dead:
                 self.kick(route, now)
-            if isinstance(d, wire.Batch):
-                if any(r[1] > MAX_CB or r[2] > MAX_CB for r in d.records):
-                    m._stats["dropped_frames"] += 1
-                    log.warning(
-                        "messenger %s: dropped a batch with a callback id over 2**63", m.name
-                    )
-                    continue
-                m._stats["received"] += len(d.records)
-                received.append((route, d))
-            elif isinstance(d, wire.EpochRequest):
-                received.append((route, d))
-            elif isinstance(d, wire.Ack):
-                self.on_ack(route, d, now)
-            elif isinstance(d, wire.Refusal):
-                self.on_refusal(route, d, now)
-            elif isinstance(d, wire.EpochGrant):
-                self.on_grant(route, d, now)
-            elif d.kind == wire.PING:
-                self.send_frames(route, wire.encode_signal(wire.PONG, m._name_bytes))
-            elif d.kind == wire.HELLO:
-                self.kick(route, now)
+            self.handle(answer, d, now, received)
+
+    def decode(
+        self, s: zmq.Socket[Any], where: str, via: bytes, frames: list[Any], user: str | None
+    ) -> wire.Decoded | None:
+        """Parse a frame set; None (logged, counted) if it is refused or malformed."""
+        m = self.m
+        try:
+            d = wire.decode(frames, m.max_message_bytes)
+        except wire.OldVersion as exc:
+            m._stats["old_peers_refused"] += 1
+            log.warning("messenger %s: refused a peer on %s: %s", m.name, where, exc)
+            refusal = [wire.VERSION_REFUSAL, m._name_bytes, str(exc).encode()]
+            try:
+                s.send_multipart([via, *refusal] if self.kind_of[s][0] == "router" else refusal,
+                             zmq.NOBLOCK)  # fmt: skip
+            except zmq.ZMQError:
+                pass
+            return None
+        except wire.FrameError as exc:
+            m._stats["dropped_frames"] += 1
+            log.warning("messenger %s: dropped a malformed message on %s: %s", m.name, where, exc)
+            return None
+        if user is not None and m._curve_names is not None:
+            claimed = frames[1].decode()  # every v2 frame names its peer second
+            if m._curve_names.get(user) != claimed:
+                m._stats["impostors_refused"] += 1
+                log.warning(
+                    "messenger %s: refused a frame naming sender %r from a connection whose "
+                    "CURVE key belongs to %r", m.name, claimed, m._curve_names.get(user),
+                )  # fmt: skip
+                return None
+        if isinstance(d, wire.Batch) and any(r[1] > MAX_CB or r[2] > MAX_CB for r in d.records):
+            m._stats["dropped_frames"] += 1
+            log.warning("messenger %s: dropped a batch with a callback id over 2**63", m.name)
+            return None
+        return d
+
+    def peer_route(self, where: str, via: bytes, name: bytes, d: wire.Decoded) -> Route:
+        """A listener routes to a peer by the name in its frames, via its routing id. Only a
+        new session (epoch request) or connection (hello) moves a known name to another
+        routing id: a stray or forged frame does not."""
+        route = self.route("router", where, name)  # every v2 frame names its peer second
+        known = self.peer_ids.get(route)
+        if known != via and (
+            known is None
+            or isinstance(d, wire.EpochRequest)
+            or (isinstance(d, wire.Signal) and d.kind == wire.HELLO)
+        ):
+            if len(self.peer_ids) > 100_000:
+                self.peer_ids.clear()
+            self.peer_ids[route] = via
+        return route
+
+    def handle(
+        self,
+        route: Route,
+        d: wire.Decoded,
+        now: float,
+        received: list[tuple[Route, wire.Batch | wire.EpochRequest]],
+    ) -> None:
+        m = self.m
+        if isinstance(d, wire.Batch):
+            m._stats["received"] += len(d.records)
+            received.append((route, d))
+        elif isinstance(d, wire.EpochRequest):
+            received.append((route, d))
+        elif isinstance(d, wire.Ack):
+            self.on_ack(route, d, now)
+        elif isinstance(d, wire.Refusal):
+            self.on_refusal(route, d, now)
+        elif isinstance(d, wire.EpochGrant):
+            self.on_grant(route, d, now)
+        elif d.kind == wire.PING:
+            self.send_frames(route, wire.encode_signal(wire.PONG, m._name_bytes))
+        elif d.kind == wire.HELLO:
+            self.kick(route, now)
 
     def commands(self, now: float) -> None:
         m = self.m

@@ -32,13 +32,16 @@ class MessengerFenced(MessengerError):
 
 class Route:
     """Where a message goes: a DEALER to ``destination``, or back through a listener's
-    ROUTER to the peer with routing id ``peer``. Hashable, compared by ``key``."""
+    ROUTER to the peer named ``peer``. Hashable, compared by ``key`` (not ``via``)."""
 
-    __slots__ = ("destination", "key", "kind", "peer")
+    __slots__ = ("destination", "key", "kind", "peer", "via")
 
-    def __init__(self, kind: str, destination: str, peer: bytes = b"") -> None:
+    def __init__(self, kind: str, destination: str, peer: bytes = b"", via: bytes = b"") -> None:
         self.kind, self.destination, self.peer = kind, destination, peer
         self.key = (kind, destination, peer)
+        # the routing id a received frame came from: answers to that frame (ack, refusal,
+        # grant) go back there; new messages to the peer go to its latest routing id
+        self.via = via
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Route) and self.key == other.key

@@ -59,7 +59,7 @@ class Worker:
 class _Round:
     """What one batch of work produced: sent to the I/O thread once its transaction commits."""
 
-    acks: dict[tuple[Route, bytes, int], list[int]] = field(default_factory=dict)
+    acks: dict[tuple[Route, bytes, int, bytes], list[int]] = field(default_factory=dict)
     posts: list[tuple[Any, ...]] = field(default_factory=list)
     done_callbacks: list[int] = field(default_factory=list)
     dirty: set[Key] = field(default_factory=set)
@@ -152,7 +152,7 @@ class Receiver:
                     m._callbacks.pop(cb_id, None)
         for cmd in r.posts:
             m._post(cmd)
-        for (route, channel, epoch), ids in r.acks.items():
+        for (route, channel, epoch, _), ids in r.acks.items():
             m._post(("ack", route, channel, epoch, ids))
 
     # -- state -----------------------------------------------------------------------
@@ -263,7 +263,8 @@ class Receiver:
         m = self.m
         seen = st.seen
         key = (b.sender, b.channel)
-        ack = r.acks.setdefault((route, b.channel.encode(), b.epoch), [])
+        ack_key = (route, b.channel.encode(), b.epoch, route.via)
+        ack = r.acks.setdefault(ack_key, [])
         slc = m._listeners.get(route.destination) if route.kind == "router" else None
         for rec in b.records:
             message_id, _, dest_cb, _ = rec
@@ -307,7 +308,7 @@ class Receiver:
                     r.done_callbacks.append(dest_cb)
             self.mark(seen, key, message_id, r, ack)
         if not ack:
-            del r.acks[(route, b.channel.encode(), b.epoch)]
+            del r.acks[ack_key]
 
     @staticmethod
     def run_callbacks(

@@ -168,7 +168,7 @@ class Sockets:
                 return False
             return True
         r = self.routers.get(route.destination)
-        via = self.peer_ids.get(route)
+        via = route.via or self.peer_ids.get(route)
         if r is None or via is None:
             return False  # that peer has not said anything since this process started
         try:
