@@ -505,7 +505,7 @@ class Messenger:
                     tx, self.name, ch.name, route.kind, route.destination,
                     route.peer.hex() if route.kind == "router" else None, 0, now,
                 )  # fmt: skip
-            start = q.reserve_ids(tx, self.name, ch.name, len(bodies))
+            start = q.reserve_ids(tx, self.name, ch.name, len(bodies), now)
             stored_deadline = None if ttl is None else now + ttl
             rows, pending = [], []
             for i, (body, (cb_id, cb_name, _)) in enumerate(zip(bodies, cbs, strict=True)):

@@ -58,12 +58,13 @@ def raise_next_id(tx: Tx, owner: str, channel: str, at_least: int) -> None:
     )
 
 
-def reserve_ids(tx: Tx, owner: str, channel: str, n: int) -> int:
-    """Hand out the channel's next ``n`` message ids at once; returns the first."""
+def reserve_ids(tx: Tx, owner: str, channel: str, n: int, now: float) -> int:
+    """Hand out the channel's next ``n`` message ids at once (and note the channel's use,
+    for ``collect_garbage``); returns the first."""
     row = tx.query_one(
-        "UPDATE homing_messenger_channels SET next_id = next_id + ? "
+        "UPDATE homing_messenger_channels SET next_id = next_id + ?, used_at = ? "
         "WHERE owner = ? AND channel = ? RETURNING next_id",
-        (n, owner, channel),
+        (n, now, owner, channel),
     )
     if row is None:
         raise LookupError(f"messenger channel {owner}/{channel} is not in the store")
@@ -301,13 +302,6 @@ def delete_dead(tx: Tx, owner: str, direction: str, channel: str, message_id: in
             "WHERE owner = ? AND direction = ? AND channel = ? AND message_id = ?",
             (owner, direction, channel, message_id),
         ).rowcount
-    )
-
-
-def touch_channel(tx: Tx, owner: str, channel: str, now: float) -> None:
-    tx.execute(
-        "UPDATE homing_messenger_channels SET used_at = ? WHERE owner = ? AND channel = ?",
-        (now, owner, channel),
     )
 
 
