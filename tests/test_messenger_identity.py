@@ -261,3 +261,43 @@ def test_curve_binds_the_sender_name_to_the_key(ctx: zmq.Context[Any], tmp_path:
             wait_for(lambda: replies == ["client"])
     assert effects.counts == Counter({"hello": 1})
     assert failures[0].reason == "ttl" and failures[0].text == "I am admin"
+
+
+def test_two_durable_processes_with_one_name_lose_nothing(
+    stores: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two durable messengers named "dup" on one store: the newer fences the older; the
+    older's unacknowledged rows stay in the store, and the next start of the name sends
+    them: every message takes effect once."""
+    caplog.set_level(logging.ERROR, logger="homing.messenger")
+    effects = _Effects()
+    url = stores.url("s")
+    dbs = [homing.connect(url) for _ in range(3)]
+    assert all(isinstance(d, homing.Database) for d in dbs)
+    a_db, b_db, c_db = dbs  # type: ignore[misc]
+    try:
+        with Messenger("srv", retry_initial=0.05) as srv:
+            endpoint = srv.listen("tcp://127.0.0.1:0", effects)
+            with (
+                Messenger("dup", db=a_db, retry_initial=0.05, retry_max=0.2) as older,
+                Messenger("dup", db=b_db, retry_initial=0.05, retry_max=0.2) as newer,
+            ):
+                older.send_many(endpoint, [f"a{i}" for i in range(5)])
+                assert older.wait_idle(10)
+                newer.send_many(endpoint, [f"b{i}" for i in range(5)])
+                assert newer.wait_idle(10)
+                older.send_many(endpoint, [f"a{i}" for i in range(5, 10)])
+                wait_for(lambda: bool(older.fenced))
+                with pytest.raises(MessengerFenced):
+                    older.send(endpoint, "too late")
+            with Messenger("dup", db=c_db, retry_initial=0.05) as again:
+                assert again.wait_idle(20)
+            assert srv.wait_idle(10)
+        with c_db.store.transaction() as tx:
+            assert tx.query("SELECT COUNT(*) FROM homing_messenger_out") == [(0,)]
+    finally:
+        for d in dbs:
+            d.close()
+    assert "FENCED" in caplog.text
+    expected = [f"a{i}" for i in range(10)] + [f"b{i}" for i in range(5)]
+    assert effects.counts == Counter(expected)
