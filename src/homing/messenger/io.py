@@ -143,6 +143,8 @@ class IOLoop(Sending):
                 answer = Route("router", where, route.peer, via)
             else:
                 route = answer = self.route("dealer", where)
+            if len(self.heard) > 100_000 and route not in self.heard:
+                self.heard.clear()  # forged names must not grow it; only timing restarts
             self.heard[route] = now
             if route in self.dead:
                 self.kick(route, now)
