@@ -8,9 +8,13 @@ For tcp and ipc, three workloads, each with the server in a subprocess:
 - ``one-way``: messages with no reply (messages/s; homing counts a message done when its
   acknowledgement arrives, plain PUSH/PULL when the server has counted it).
 Systems: ``zmq-dealer-router`` (plain echo, the baseline of the round trips),
-``zmq-push-pull`` (baseline of one-way), ``homing-memory`` (messenger without a store) and
+``zmq-push-pull`` (baseline of one-way), ``homing-memory`` (messenger without a store),
 ``homing-durable`` (both sides keep pending and seen state in a store: SQLite with
-synchronous=FULL by default). Ratios are homing / baseline. The machine is shared and
+synchronous=FULL by default) and ``store-batched-insert`` (``Database.insert_many`` of
+100 rows per transaction into the same backend: the baseline of durable one-way, since a
+durable message costs at least one stored row). Ratios are homing / baseline; issue 13's
+targets: memory one-way >= 0.5x PUSH/PULL, memory round trips in flight >= 0.3x
+DEALER/ROUTER, durable one-way >= 0.5x the store's batched insert rate. The machine is shared and
 noisy: compare ratios, not absolute figures. Writes bench/results/messenger.json.
 """
 
@@ -272,6 +276,21 @@ def homing_throughput(
     return {"rate": n / elapsed, "retransmits": stats["retransmits"]}
 
 
+def store_batched_insert(store: str, n: int, batch: int = 100) -> dict[str, Any]:
+    """The store's own batched insert rate: ``insert_many`` of ``batch`` rows per commit."""
+    db = homing.connect(store)
+    assert isinstance(db, homing.Database)
+    try:
+        db.insert_many([("bench.warm", {"b": "x"})])
+        t0 = time.perf_counter()
+        for start in range(0, n, batch):
+            db.insert_many([("bench.row", {"b": "x" * 100})] * min(batch, n - start))
+        elapsed = time.perf_counter() - t0
+    finally:
+        db.close()
+    return {"rate": n / elapsed}
+
+
 def _store_url(backend: str, tmp: Path, tag: str) -> str:
     if backend == "sqlite":
         return f"sqlite:///{tmp}/{tag}.db"
@@ -284,8 +303,22 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     tmp = Path(tempfile.mkdtemp(prefix="homing-bench-msg-"))
     k = 0
     for transport in ("tcp", "ipc"):
-        for system in ("zmq-dealer-router", "zmq-push-pull", "homing-memory", "homing-durable"):
+        for system in (
+            "zmq-dealer-router", "zmq-push-pull", "store-batched-insert", "homing-memory",
+            "homing-durable",
+        ):  # fmt: skip
             k += 1
+            if system == "store-batched-insert":
+                if transport != "tcp":
+                    continue  # no transport involved: measured once
+                store = _store_url(args.backend, tmp, f"ins{k}")
+                result = store_batched_insert(store, args.durable_n)
+                for t in ("tcp", "ipc"):
+                    row = {"transport": t, "system": system, "workload": "one-way"}
+                    row |= {"n": args.durable_n, "rate": round(result["rate"], 1)}
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
+                continue
             durable = system == "homing-durable"
             endpoint, control = endpoints(transport, tmp, f"s{k}")
             server_store = _store_url(args.backend, tmp, f"srv{k}") if durable else None
@@ -335,15 +368,16 @@ def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     base = {"rt-latency": "zmq-dealer-router", "rt-throughput": "zmq-dealer-router"}
     base["one-way"] = "zmq-push-pull"
     out = []
-    for r in rows:
-        if not r["system"].startswith("homing"):
-            continue
+    pairs = [(r, base[r["workload"]]) for r in rows if r["system"].startswith("homing")]
+    pairs += [(r, "store-batched-insert") for r in rows
+              if r["system"] == "homing-durable" and r["workload"] == "one-way"]  # fmt: skip
+    for r, baseline in pairs:
         b = next(
             x
             for x in rows
             if x["transport"] == r["transport"]
             and x["workload"] == r["workload"]
-            and x["system"] == base[r["workload"]]
+            and x["system"] == baseline
         )
         out.append(
             {
@@ -364,7 +398,7 @@ def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--n", type=int, default=5000, help="messages per memory-mode run")
+    parser.add_argument("--n", type=int, default=50000, help="messages per memory-mode run")
     parser.add_argument("--durable-n", type=int, default=2000)
     parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite")
     parser.add_argument("--out", default=str(HERE.parent / "results" / "messenger.json"))

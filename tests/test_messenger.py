@@ -20,7 +20,7 @@ from homing.messenger import NOOP, Curve, Incoming, Messenger, MessengerError, w
 def ctx() -> Iterator[zmq.Context]:  # type: ignore[type-arg]
     context = zmq.Context()
     yield context
-    context.term()
+    context.destroy(linger=0)  # a failed assertion may leave a socket open
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -157,9 +157,18 @@ def test_a_raising_callback_is_retried_not_lost(ctx, caplog) -> None:  # type: i
     assert sorted(effects) == ["a", "b", "flaky"]
 
 
-def test_restarted_sender_is_a_new_incarnation(ctx) -> None:  # type: ignore[no-untyped-def]
-    """A restarted in-memory sender numbers from 1 again; its new ids must be delivered,
-    and a late frame of the old incarnation must be dropped as stale."""
+def _epoch(srv: Messenger, sender: str, channel: str) -> int:
+    """The epoch the receiver granted to a sender channel (from its workers' state)."""
+    for w in srv._workers:
+        st = w.states.get((sender, channel))
+        if st is not None:
+            return st.epoch
+    raise AssertionError(f"no state for {sender}/{channel}")
+
+
+def test_restarted_sender_gets_a_new_epoch_and_old_frames_are_refused(ctx) -> None:  # type: ignore[no-untyped-def]
+    """A restarted in-memory sender numbers from 1 again under a new epoch granted by the
+    receiver; a late frame of the old epoch is refused (STALE), never acknowledged."""
     got: list[str] = []
     with Messenger("srv", context=ctx) as srv:
         srv.listen("inproc://inc", lambda m: got.append(m.text))
@@ -167,23 +176,34 @@ def test_restarted_sender_is_a_new_incarnation(ctx) -> None:  # type: ignore[no-
             for i in range(5):
                 first.send("inproc://inc", f"old{i}")
             assert first.wait_idle(5)
-            old_incarnation = first._incarnation
+        old_epoch = _epoch(srv, "snd", "inproc://inc")
         with Messenger("snd", context=ctx) as second:
             for i in range(5):
                 second.send("inproc://inc", f"new{i}")
             assert second.wait_idle(5)
-        # a delayed retransmission of the first incarnation's id 3 shows up
+        assert _epoch(srv, "snd", "inproc://inc") == old_epoch + 1
+        # a delayed retransmission of the first session's id 3 shows up
         raw = ctx.socket(zmq.DEALER)
         raw.setsockopt(zmq.RCVTIMEO, 5000)
         raw.setsockopt(zmq.ROUTING_ID, b"snd")
         raw.connect("inproc://inc")
         channel = b"inproc://inc"
-        raw.send_multipart(wire.encode_message(b"snd", channel, old_incarnation, 3, 0, 0, b"old3"))
-        kind, *_ = raw.recv_multipart()  # acked so the ghost stops, but not delivered
-        assert kind == wire.ACK
+        raw.send_multipart(wire.encode_message(b"snd", channel, old_epoch, 3, 0, 0, b"old3"))
+        refusal = wire.decode(raw.recv_multipart(), 1000)  # refused, and not delivered
+        assert isinstance(refusal, wire.Refusal)
+        assert (refusal.reason, refusal.ranges) == (wire.STALE, [(3, 3)])
         raw.close(0)
         wait_for(lambda: srv.stats()["stale"] == 1)
+        assert srv.stats()["delivered"] == 10
     assert got == [f"old{i}" for i in range(5)] + [f"new{i}" for i in range(5)]
+
+
+def _session(raw: zmq.Socket, sender: bytes, channel: bytes, fresh: bool = True) -> int:  # type: ignore[type-arg]
+    """Ask the listener for an epoch the way a messenger does; returns the granted epoch."""
+    raw.send_multipart(wire.encode_epoch_request(sender, channel, 77, 1, fresh))
+    grant = wire.decode(raw.recv_multipart(), 1000)
+    assert isinstance(grant, wire.EpochGrant) and grant.nonce == 77
+    return grant.epoch
 
 
 def test_bad_input_is_logged_and_dropped_and_the_loop_keeps_serving(ctx, caplog) -> None:  # type: ignore[no-untyped-def]
@@ -195,32 +215,44 @@ def test_bad_input_is_logged_and_dropped_and_the_loop_keeps_serving(ctx, caplog)
         raw.setsockopt(zmq.RCVTIMEO, 5000)
         raw.setsockopt(zmq.ROUTING_ID, b"raw")
         raw.connect("inproc://bad")
-        good = wire.encode_message(b"raw", b"c", 1, 1, 0, 0, b"ok")
+        epoch = _session(raw, b"raw", b"c")
+        good = wire.encode_message(b"raw", b"c", epoch, 1, 0, 0, b"ok")
         garbage: list[list[bytes]] = [
             [b"\x00\xffgarbage"],  # unknown kind
             [b""],  # one empty frame
-            good[:5],  # truncated multipart
+            good[:4],  # truncated multipart
             [*good, b"extra"],  # too many frames
-            [wire.MESSAGE, b"", b"c", *good[3:]],  # empty sender
-            [wire.MESSAGE, b"\xff\xfe", b"c", *good[3:]],  # sender not UTF-8
-            [*good[:4], b"\x01", *good[5:]],  # id frame of 1 byte
-            wire.encode_message(b"raw", b"c", 1, 0, 0, 0, b"zero id"),
-            wire.encode_message(b"raw", b"c", 1, 2, 0, 0, b"x" * 1001),  # oversize body
-            wire.encode_message(b"raw", b"c", 1, 3, 0, (1 << 64) - 1, b"huge cb"),
-            [wire.ACK, b"raw", b"c", b"\x00" * 8, b"\x01\x02\x03"],  # ack ids not 8-aligned
+            [wire.MESSAGES, b"", b"c", *good[3:]],  # empty sender
+            [wire.MESSAGES, b"\xff\xfe", b"c", *good[3:]],  # sender not UTF-8
+            [*good[:3], b"\x01", good[4]],  # epoch frame of 1 byte
+            [*good[:4], good[4][:-1]],  # record body truncated
+            [*good[:4], good[4][:20]],  # record header truncated
+            [*good[:4], b""],  # a batch of no message
+            wire.encode_message(b"raw", b"c", epoch, 0, 0, 0, b"zero id"),
+            wire.encode_message(b"raw", b"c", epoch, 2, 0, 0, b"x" * 1001),  # oversize body
+            wire.encode_message(b"raw", b"c", epoch, 3, 0, (1 << 64) - 1, b"huge cb"),
+            [wire.ACK, b"raw", b"c", b"\x00" * 8, b"\x01\x02\x03"],  # ranges not 16-aligned
             [wire.ACK, b"raw", b"c"],  # truncated ack
+            [wire.ACK, b"raw", b"c", b"\x00" * 8, wire.u64(0) + wire.u64(5)],  # range from 0
+            [wire.REFUSE, b"raw", b"c", b"\x00" * 8, b"\x09", wire.u64(1) * 2],  # bad reason
+            [wire.EPOCH_REQUEST, b"raw", b"c", wire.u64(1), wire.u64(0), b"\x01"],  # low id 0
         ]
         for frames in garbage:
             raw.send_multipart(frames)
         wait_for(lambda: srv.stats()["dropped_frames"] == len(garbage))
+        # a peer speaking wire version 1 gets a clear refusal
+        raw.send_multipart([b"HM1M", b"raw", b"c", *[wire.u64(1)] * 4, b"old"])
+        refusal = raw.recv_multipart()
+        assert refusal[0] == wire.VERSION_REFUSAL and b"version 1" in refusal[2]
+        assert srv.stats()["old_peers_refused"] == 1
         # a well-formed message for an unknown callback id: logged, dropped, acknowledged
-        raw.send_multipart(wire.encode_message(b"raw", b"c", 1, 4, 0, 777, b"who is 777?"))
+        raw.send_multipart(wire.encode_message(b"raw", b"c", epoch, 4, 0, 777, b"who is 777?"))
         assert raw.recv_multipart()[0] == wire.ACK
         assert srv.stats()["unknown_callbacks"] == 1
         # an ack for nothing we sent is ignored
         raw.send_multipart(wire.encode_ack(b"raw", b"c", 1, [1, 2, 3]))
         # still serving: a good message is delivered and acknowledged
-        raw.send_multipart(wire.encode_message(b"raw", b"c", 1, 5, 0, 0, b"ok"))
+        raw.send_multipart(wire.encode_message(b"raw", b"c", epoch, 5, 0, 0, b"ok"))
         ack = wire.decode(raw.recv_multipart(), 1000)
         assert isinstance(ack, wire.Ack) and ack.ids == (5,)
         raw.close(0)

@@ -1,5 +1,7 @@
 """A lossy forwarding device between two messengers drops, duplicates and reorders frames in
-both directions (messages, replies and acks); 20,000 messages each take effect once."""
+both directions (messages, replies and acks), while a third peer sends forged frames
+naming the real sender (batches, acks and refusals with guessed epochs); 20,000 messages
+and their replies each take effect once."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from typing import Any
 
 import zmq
 
-from homing.messenger import Incoming, Messenger
+from homing.messenger import Incoming, Messenger, wire
 
 
 class LossyProxy(threading.Thread):
@@ -42,11 +44,15 @@ class LossyProxy(threading.Thread):
 
         def forward(sock: zmq.Socket[Any], frames: list[bytes]) -> None:
             r = self.rng.random()
+            # a frame set may carry a batch of many messages: count the messages it hit
+            carried = 1
+            if frames[-5:][0] == wire.MESSAGES:
+                carried = len(wire.decode(frames[-5:], 1 << 20).records)  # type: ignore[union-attr]
             if r < self.drop:
-                self.faults["dropped"] += 1
+                self.faults["dropped"] += carried
                 return
             if r < self.drop + self.dup:
-                self.faults["duplicated"] += 1
+                self.faults["duplicated"] += carried
                 sock.send_multipart(frames)
             elif r < self.drop + self.dup + self.delay:
                 self.faults["delayed"] += 1
@@ -85,6 +91,46 @@ class LossyProxy(threading.Thread):
         ctx.term()
 
 
+class Forger(threading.Thread):
+    """Connects straight to the listener and sends frames that claim to be "primary":
+    batches of real-looking bodies, acks of its replies and refusals, with random epochs."""
+
+    def __init__(self, backend: str, channel: bytes, reply_channel: bytes, n: int) -> None:
+        super().__init__(daemon=True)
+        self.backend, self.channel, self.reply_channel, self.n = backend, channel, reply_channel, n
+        self.rng = random.Random(7)
+        self.stopping = threading.Event()
+        self.sent = 0
+
+    def run(self) -> None:
+        ctx = zmq.Context()
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.ROUTING_ID, b"mallory")
+        s.connect(self.backend)
+        rng = self.rng
+        while not self.stopping.wait(0.002):
+            epoch = rng.getrandbits(64)
+            ids = [rng.randint(1, 2 * self.n) for _ in range(5)]
+            kind = self.sent % 3
+            if kind == 0:
+                records = [(i, 0, 0, f"m{rng.randrange(self.n)}".encode()) for i in ids]
+                frames = wire.encode_batch(b"primary", self.channel, epoch, records)
+            elif kind == 1:
+                frames = wire.encode_ack(b"primary", self.reply_channel, epoch, ids)
+            else:
+                frames = wire.encode_refusal(b"primary", self.reply_channel, epoch, wire.STALE, ids)
+            s.send_multipart(frames)
+            while True:  # drain the refusals it gets back
+                try:
+                    s.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+            self.sent += 1
+        s.close(0)
+        ctx.term()
+
+
 def test_20000_messages_through_a_lossy_device_take_effect_once() -> None:
     n = 20_000
     effects: Counter[str] = Counter()
@@ -106,6 +152,8 @@ def test_20000_messages_through_a_lossy_device_take_effect_once() -> None:
     proxy.start()
     assert proxy.ready.wait(5)
     cli = Messenger("primary", retry_initial=0.2, retry_max=1.0).start()
+    forger = Forger(backend, proxy.endpoint.encode(), f"{backend}#primary".encode(), n)
+    forger.start()
     peak_intervals = 0
     try:
         for i in range(n):
@@ -119,6 +167,8 @@ def test_20000_messages_through_a_lossy_device_take_effect_once() -> None:
         assert cli.wait_idle(20) and srv.wait_idle(20)
         s, c = srv.stats(), cli.stats()
     finally:
+        forger.stopping.set()
+        forger.join(5)
         cli.close()
         srv.close()
         proxy.stopping.set()
@@ -132,6 +182,8 @@ def test_20000_messages_through_a_lossy_device_take_effect_once() -> None:
     assert proxy.faults["dropped"] > 500 and proxy.faults["duplicated"] > 500
     assert s["duplicates"] > 0 and c["duplicates"] > 0
     assert c["retransmits"] > 0 and s["retransmits"] > 0
+    # the forged frames arrived and changed nothing (refused, or ignored by epoch)
+    assert forger.sent > 100 and s["unknown_epoch"] > 0 and s["refusals_ignored"] > 0
     # duplicate tracking stayed small (a plain set would hold 20,000 ids per side) ...
     assert peak_intervals <= cli.window, peak_intervals
     # ... and is empty once every message arrived: one max_seen per sender and channel

@@ -23,11 +23,26 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class Role:
-    """One side of the example as a child process, started with or without a failpoint."""
+# Runs the example with every wall clock of the process reading ``offset`` seconds earlier.
+_CLOCK_BACK = """
+import runpy, sys, time
+offset = float(sys.argv[1])
+real_time, real_ns = time.time, time.time_ns
+time.time = lambda: real_time() - offset
+time.time_ns = lambda: real_ns() - int(offset * 1e9)
+sys.argv = sys.argv[2:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
 
-    def __init__(self, role: str, store: str, endpoint: str) -> None:
+
+class Role:
+    """One side of the example as a child process, started with or without a failpoint;
+    with ``clock_back``, each start has a wall clock 5 s earlier than the one before."""
+
+    def __init__(self, role: str, store: str, endpoint: str, clock_back: bool = False) -> None:
         self.role = role
+        self.clock_back = clock_back
+        self.starts = 0
         self.cmd = [sys.executable, str(EXAMPLE), role, "--store", store]
         self.cmd += ["--endpoint", endpoint, "--retry", "0.2", "--linger", "600"]
         self.cmd += ["--batch", "2", "--pace", "0.02"]  # many small batches: many failpoint hits
@@ -41,7 +56,11 @@ class Role:
         if plan:
             env["HOMING_FAILPOINTS"] = plan
         extra = ["--count", str(count)] if self.role == "primary" else []
-        self.proc = subprocess.Popen([*self.cmd, *extra], env=env, stdout=subprocess.DEVNULL)
+        cmd = [*self.cmd, *extra]
+        if self.clock_back:
+            cmd = [sys.executable, "-c", _CLOCK_BACK, str(5.0 * self.starts), *cmd[1:]]
+        self.starts += 1
+        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -79,15 +98,15 @@ def _query(db: homing.Database, sql: str) -> tuple[object, ...] | None:
         return None
 
 
-def _run(stores, plans: list[str | None], per_phase: int):  # type: ignore[no-untyped-def]
+def _run(stores, plans: list[str | None], per_phase: int, clock_back: bool = False):  # type: ignore[no-untyped-def]
     """Each phase SIGKILLs both sides wherever they are, raises the primary's record count
     by ``per_phase`` and restarts both with the phase's failpoint plan; each side is
     restarted plain once the plan killed it. Then both run plain until everything is
     replicated and acknowledged, and the effects are counted."""
     primary_url, replica_url = stores.url("primary"), stores.url("replica")
     endpoint = f"tcp://127.0.0.1:{_free_port()}"
-    replica = Role("replica", replica_url, endpoint)
-    primary = Role("primary", primary_url, endpoint)
+    replica = Role("replica", replica_url, endpoint, clock_back)
+    primary = Role("primary", primary_url, endpoint, clock_back)
     pdb, rdb = homing.connect(primary_url), homing.connect(replica_url)
     assert isinstance(pdb, homing.Database) and isinstance(rdb, homing.Database)
     count = 0
@@ -182,6 +201,15 @@ def test_kill9_at_failpoints_and_at_random(stores) -> None:  # type: ignore[no-u
     # every planned crash fired (a test whose faults never happen proves nothing)
     assert replica.fired == POINTS and primary.fired == POINTS
     assert primary.outside_kills >= 2 and replica.outside_kills >= 2
+
+
+def test_kill9_while_clocks_step_back(stores) -> None:  # type: ignore[no-untyped-def]
+    """Both sides are SIGKILLed at every phase change and restarted each time with a wall
+    clock 5 s earlier than before (an NTP step back): epochs come from the receivers, so
+    lost = 0, duplicated = 0 on both sides all the same."""
+    replica, primary = _run(stores, [None, None, None, None], 60, clock_back=True)
+    assert primary.outside_kills >= 3 and replica.outside_kills >= 3
+    assert primary.starts >= 4 and replica.starts >= 5
 
 
 def test_restart_resumes_pending_and_keeps_seen_state(stores) -> None:  # type: ignore[no-untyped-def]

@@ -111,3 +111,32 @@ def test_every_id_once_under_reordering_and_duplication(perm: list[int], dups: l
     firsts = [i for i in arrivals if s.is_first_time(i)]
     assert sorted(firsts) == list(range(1, 60))
     assert s.gaps == []
+
+
+def test_diff_names_only_the_gaps_a_batch_changed() -> None:
+    """Durable mode writes ``diff`` to the store: with 1,000 gaps, filling one id and
+    opening one gap touches two rows, not 1,000."""
+    s = SeenSet()
+    for i in range(2, 2002, 2):
+        s.mark(i)
+    assert s.interval_count == 1000
+    before = s.snapshot()
+    s.mark(1)  # fills the first gap
+    s.mark(2004)  # opens one above max_seen
+    s.mark(1500 - 1)  # fills a gap in the middle
+    gone, changed = s.diff(before)
+    assert sorted(gone) == [1, 1499] and changed == [(2001, 2004)]
+    applied = {lo: hi for lo, hi in before.items() if lo not in gone} | dict(changed)
+    assert applied == s.snapshot()
+
+
+def test_acks_for_any_number_of_ids_fit_the_wire_limits() -> None:
+    """200,000 alternating ids need 200,000 ranges: split into messages that decode."""
+    from homing.messenger import wire
+
+    ids = list(range(1, 400_001, 2)) + list(range(1_000_000, 1_000_000 + (1 << 21)))
+    frames = wire.encode_acks(b"a", b"c", 7, ids)
+    assert len(frames) == 4  # 200,002 ranges, at most 65,536 per message
+    decoded = [wire.decode(f, 1) for f in frames]
+    got = [i for d in decoded for i in d.ids]  # type: ignore[union-attr]
+    assert got == ids

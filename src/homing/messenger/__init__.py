@@ -5,14 +5,19 @@
 to a ``tcp://``, ``ipc://`` or ``inproc://`` endpoint. Replies invoke the message-specific
 callback (MSC) given to ``send``; the messenger runs the MSC before the SLC. With a store
 (``Messenger(name, db=homing.connect(url))``) pending messages and seen ids are durable.
+Given-up messages reach the MSC as a ``Failure`` and stay as ``DeadLetter`` records.
 """
 
-from homing.messenger.core import (
+from homing.messenger.core import Messenger
+from homing.messenger.durable import collect_garbage
+from homing.messenger.model import (
     NOOP,
     Curve,
+    DeadLetter,
+    Failure,
     Incoming,
-    Messenger,
     MessengerError,
+    MessengerFenced,
     Route,
 )
 from homing.messenger.seen import SeenSet, is_first_time
@@ -21,11 +26,15 @@ from homing.messenger.wire import FrameError
 __all__ = [
     "NOOP",
     "Curve",
+    "DeadLetter",
+    "Failure",
     "FrameError",
     "Incoming",
     "Messenger",
     "MessengerError",
+    "MessengerFenced",
     "Route",
     "SeenSet",
+    "collect_garbage",
     "is_first_time",
 ]

@@ -8,7 +8,8 @@ import time
 
 import click
 
-from homing.messenger.core import Incoming, Messenger
+from homing.messenger.core import Messenger
+from homing.messenger.model import Incoming
 
 
 @click.group()

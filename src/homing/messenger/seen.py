@@ -91,6 +91,14 @@ class SeenSet:
             self._his.insert(i + 1, hi)
         return True
 
+    def grows(self, current: int) -> bool:
+        """True if marking ``current`` would add a complement interval (a new gap above
+        ``max_seen``, or an id in the middle of a gap splitting it in two)."""
+        if current > self.max_seen:
+            return current > self.max_seen + 1
+        i = bisect.bisect_right(self._los, current) - 1
+        return i >= 0 and self._los[i] < current < self._his[i] - 1
+
     def is_first_time(self, current: int) -> bool:
         """The seed's ``is_first_time``: check and record in one step."""
         return self.mark(current)
@@ -112,6 +120,19 @@ class SeenSet:
     def complement(self) -> set[int]:
         """The complement as a plain set (for tests and small gaps only)."""
         return {i for lo, h in self.gaps for i in range(lo, h)}
+
+    def snapshot(self) -> dict[int, int]:
+        """The gaps as ``{lo: hi}``, to ``diff`` against after a batch."""
+        return dict(zip(self._los, self._his, strict=True))
+
+    def diff(self, before: dict[int, int]) -> tuple[list[int], list[tuple[int, int]]]:
+        """What changed since ``before`` (a ``snapshot``): the ``lo`` of gaps gone, and the
+        gaps new or changed. A batch usually fills a few gaps and opens a few: the store
+        writes those rows, not the whole complement."""
+        now = self.snapshot()
+        gone = [lo for lo in before if lo not in now]
+        changed = [(lo, hi) for lo, hi in now.items() if before.get(lo) != hi]
+        return gone, changed
 
     def encode(self) -> str:
         """Text form for the store: ``"lo-hi,lo-hi"`` (half-open)."""
