@@ -15,7 +15,7 @@ from click.testing import CliRunner
 import homing
 from homing.housekeeping import Retention, collect
 from homing.sessions import Server, Sessions
-from homing.store import engine_queries, http_queries
+from homing.store import engine_queries, http_queries, messenger_queries
 
 DAY = 24 * 3600.0
 N = 6
@@ -27,6 +27,8 @@ TABLES = (
     "homing_engine_published",
     "homing_http_outbox",
     "homing_http_inbox",
+    "homing_messenger_seen",
+    "homing_messenger_channels",
 )
 
 
@@ -58,6 +60,21 @@ def fill(db: homing.Database, round_: int) -> None:
         engine_queries.record_published_many(
             tx, [(homing.uuid7(), "q", None, "routed", now) for _ in range(N)]
         )
+        for i in range(N):  # a durable messenger's state of senders, and its channels
+            messenger_queries.save_seen(
+                tx,
+                "m",
+                f"r{round_}-s{i}",
+                "c",
+                epoch=1,
+                nonce=1,
+                max_seen=5,
+                complement="",
+                now=now,
+            )
+            messenger_queries.ensure_channel(
+                tx, "m", f"r{round_}-ch{i}", "dealer", "tcp://x:1", None, 1, now
+            )
         for _ in range(N):
             msg = homing.uuid7()
             http_queries.insert_outgoing(
@@ -136,6 +153,9 @@ def test_gc_keeps_every_growing_table_bounded(
             "engine.published": N,
             "http.outbox": N,
             "http.inbox": N,
+            "messenger.seen": N,
+            "messenger.dead": 0,
+            "messenger.channels": N,
         }
 
 
@@ -167,6 +187,9 @@ def test_homing_gc_command_reports_every_table(store_url: str) -> None:
         "engine.published",
         "http.outbox",
         "http.inbox",
+        "messenger.seen",
+        "messenger.dead",
+        "messenger.channels",
     }
     bad = runner.invoke(cli, ["--db", store_url, "gc", "--session-ttl", "0"])
     assert bad.exit_code != 0 and "session_ttl" in bad.output
@@ -183,3 +206,6 @@ def test_gc_defaults_are_the_parts_own() -> None:
     params = inspect.signature(Sessions.__init__).parameters
     assert Retention().sessions == DEFAULT_RETENTION_S == params["retention"].default
     assert Retention().session_ttl == DEFAULT_SESSION_TTL_S == params["session_ttl"].default
+    from homing.messenger.durable import DEFAULT_RETENTION_S as MESSENGER_RETENTION_S
+
+    assert Retention().messenger == MESSENGER_RETENTION_S

@@ -296,6 +296,9 @@ def stats(ctx: click.Context, window: float, as_json: bool) -> None:
 @click.option("--session-ttl", type=float, default=None, help="Idle seconds; default 30 days.")
 @click.option("--engine-retention", type=float, default=None, help="Seconds; default 7 days.")
 @click.option("--http-retention", type=float, default=None, help="Seconds; default 7 days.")
+@click.option(
+    "--messenger-retention", type=float, default=None, help="Idle seconds; default 7 days."
+)
 @json_option
 @click.pass_context
 def gc(
@@ -305,11 +308,12 @@ def gc(
     session_ttl: float | None,
     engine_retention: float | None,
     http_retention: float | None,
+    messenger_retention: float | None,
     as_json: bool,
 ) -> None:
     """Clean every table that grows: finished jobs, taken session requests, expired
-    sessions (with their requests and replies), the engine's published-id ledger and HTTP
-    tombstones, each past its retention (docs/operations in homing.housekeeping)."""
+    sessions (with their requests and replies), the engine's published-id ledger, HTTP
+    tombstones and the durable messenger's idle rows, each past its retention (docs/operations in homing.housekeeping)."""
     from dataclasses import replace
 
     from homing.housekeeping import Retention, collect
@@ -320,6 +324,7 @@ def gc(
         "session_ttl": session_ttl,
         "engine_published": engine_retention,
         "http": http_retention,
+        "messenger": messenger_retention,
     }
     retention = replace(Retention(), **{k: v for k, v in given.items() if v is not None})
     with open_db(ctx) as db:

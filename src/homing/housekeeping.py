@@ -16,6 +16,9 @@ engine.published    the engine's published-id ledger (publisher 7 days after pub
                     dedup: a retry after this is a new message)
 http.tombstones     finished outbox rows (sender tombstones)    7 days (the receiver's
                     and handled inbox ids (receiver tombstones) published retention)
+messenger.*         durable messenger rows idle that long: seen  7 days
+                    state of silent senders, dead letters,
+                    unused outgoing channels
 ==================  ==========================================  =========================
 
 Steps call the query functions of each part in ``homing.store`` (no SQL here) and run in
@@ -31,13 +34,14 @@ from dataclasses import dataclass, field
 from homing.database import Database
 from homing.errors import InvalidArgument
 from homing.jobs import check_seconds
-from homing.store import engine_queries, http_queries, sessions_queries
+from homing.store import engine_queries, http_queries, messenger_queries, sessions_queries
 
 DAY = 24 * 3600.0
 SESSIONS_RETENTION_S = 30 * DAY  # homing.sessions' DEFAULT_RETENTION_S
 SESSION_TTL_S = 30 * DAY  # homing.sessions' DEFAULT_SESSION_TTL_S
 ENGINE_PUBLISHED_RETENTION_S = 7 * DAY
 HTTP_RETENTION_S = 7 * DAY  # homing.http's Receiver default retention
+MESSENGER_RETENTION_S = 7 * DAY  # homing.messenger.durable's DEFAULT_RETENTION_S
 _EXPIRE_BATCH = 1000
 
 
@@ -50,11 +54,12 @@ class Retention:
     session_ttl: float = SESSION_TTL_S
     engine_published: float = ENGINE_PUBLISHED_RETENTION_S
     http: float = HTTP_RETENTION_S
+    messenger: float = MESSENGER_RETENTION_S
 
     def __post_init__(self) -> None:
         if self.jobs is not None:
             check_seconds("jobs", self.jobs, allow_zero=True)
-        for name in ("sessions", "engine_published", "http"):
+        for name in ("sessions", "engine_published", "http", "messenger"):
             check_seconds(name, getattr(self, name), allow_zero=True)
         check_seconds("session_ttl", self.session_ttl, allow_zero=False)
 
@@ -114,6 +119,12 @@ def _http(db: Database, keep: Retention) -> dict[str, int]:
     return {"http.outbox": outbox, "http.inbox": inbox}
 
 
+def _messenger(db: Database, keep: Retention) -> dict[str, int]:
+    with db.store.transaction() as tx:
+        deleted = messenger_queries.collect_garbage(tx, db.clock.now() - keep.messenger)
+    return {f"messenger.{kind}": n for kind, n in deleted.items()}
+
+
 def default_housekeeping() -> Housekeeping:
     """The steps of every part that ships with homing (one store, not a sharded list)."""
     h = Housekeeping()
@@ -121,6 +132,7 @@ def default_housekeeping() -> Housekeeping:
     h.register("sessions", _sessions)
     h.register("engine", _engine)
     h.register("http", _http)
+    h.register("messenger", _messenger)
     return h
 
 
