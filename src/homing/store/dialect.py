@@ -63,6 +63,15 @@ class SqlDialect:
         """Announce ``count`` new jobs at commit: wake that many idle workers, and the
         listeners of ``channel`` (no-op where nobody listens)."""
 
+    def advisory_lock(self, tx: Tx, key: int) -> None:
+        """Serialise writers on ``key`` until the transaction ends (a single-writer store
+        is serialised already: no-op)."""
+
+    def try_advisory_lock(self, tx: Tx, key: int) -> bool:
+        """Take ``key`` until the transaction ends if nobody holds it; True if taken (always
+        on a single-writer store, whose write transaction already excludes the others)."""
+        return True
+
     def load_json(self, value: Any) -> Any:
         """A JSON column's value as Python (PostgreSQL's driver decodes jsonb itself)."""
         return value

@@ -177,8 +177,10 @@ def insert_outgoing(tx: Tx, msgs: Sequence[NewOutgoing]) -> None:
             for m in msgs
         ],
     )
-    if tx.dialect == "postgres":
-        tx.execute("SELECT pg_notify(?, '')", (notify_channel(tx),))
+    tx.store.notify(tx, HTTP_CHANNEL)
+
+
+HTTP_CHANNEL = "homing_http"
 
 
 def notify_channel(tx: Tx) -> str:
@@ -198,8 +200,7 @@ def claim_work(tx: Tx, *, now: float, until: float, token: str, limit: int) -> l
         "AND next_attempt_at <= ? AND (claimed_until IS NULL OR claimed_until < ?) "
         "ORDER BY next_attempt_at, seq LIMIT ?"
     )
-    if tx.dialect == "postgres":
-        pick += " FOR UPDATE SKIP LOCKED"
+    pick += tx.sql.skip_locked
     rows = tx.query(
         f"UPDATE homing_http_outbox SET claim_token = ?, claimed_until = ? "
         f"WHERE seq IN ({pick}) RETURNING {_OUT}",
@@ -415,19 +416,15 @@ def try_lock_message(tx: Tx, msg_id: str) -> bool:
     """Take the message's lock for this transaction; False if another transaction holds
     it (PostgreSQL: an advisory lock, so that a retry racing the first request is told
     409 at once instead of waiting for it). SQLite's one writer serialises by itself."""
-    if tx.dialect != "postgres":
-        return True
     key = int.from_bytes(hashlib.sha256(b"homing-http:" + msg_id.encode()).digest()[:8], "big")
-    key -= 1 << 63  # a signed 64-bit key
-    row = tx.query_one("SELECT pg_try_advisory_xact_lock(?)", (key,))
-    return bool(row and row[0])
+    return tx.sql.try_advisory_lock(tx, key - (1 << 63))  # a signed 64-bit key
 
 
 def lock_incoming(tx: Tx, msg_id: str) -> tuple[bool, InboxRow | None]:
     """Lock the inbox row for handling. (False, None) if another transaction holds it."""
     sql = f"SELECT {_IN} FROM homing_http_inbox WHERE id = ?"
-    if tx.dialect == "postgres":
-        values = tx.query_one(sql + " FOR UPDATE SKIP LOCKED", (msg_id,))
+    if tx.sql.skip_locked:  # rows are locked one by one (PostgreSQL)
+        values = tx.query_one(sql + tx.sql.skip_locked, (msg_id,))
         if values is None:
             exists = tx.query_one("SELECT 1 FROM homing_http_inbox WHERE id = ?", (msg_id,))
             return (exists is None), None
@@ -549,8 +546,8 @@ def redrive_outgoing(tx: Tx, msg_ids: Sequence[str] | None, *, now: float, deadl
         "WHERE state = 'failed'" + where,
         [now, deadline, *params],
     )
-    if n and tx.dialect == "postgres":
-        tx.execute("SELECT pg_notify(?, '')", (notify_channel(tx),))
+    if n:
+        tx.store.notify(tx, HTTP_CHANNEL)
     return n
 
 

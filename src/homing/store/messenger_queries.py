@@ -147,7 +147,7 @@ def count_out(tx: Tx, owner: str) -> int:
 
 def load_seen(tx: Tx, owner: str, sender: str, channel: str) -> tuple[int, int, int, str] | None:
     """(epoch, nonce, max_seen, complement) of one sender's channel, locked for update."""
-    lock = " FOR UPDATE" if tx.dialect == "postgres" else ""
+    lock = tx.sql.lock_rows
     row = tx.query_one(
         "SELECT incarnation, nonce, max_seen, complement FROM homing_messenger_seen "
         "WHERE owner = ? AND sender = ? AND channel = ?" + lock,

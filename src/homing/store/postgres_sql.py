@@ -53,6 +53,13 @@ class PostgresSql(SqlDialect):
     def notify(self, tx: Tx, channel: str) -> None:
         tx.execute("SELECT pg_notify(?, '')", (tx.store.notify_channel(channel),))  # type: ignore[attr-defined]
 
+    def advisory_lock(self, tx: Tx, key: int) -> None:
+        tx.execute("SELECT pg_advisory_xact_lock(?)", (key,))
+
+    def try_advisory_lock(self, tx: Tx, key: int) -> bool:
+        row = tx.query_one("SELECT pg_try_advisory_xact_lock(?)", (key,))
+        return bool(row and row[0])
+
     def announce_jobs(self, tx: Tx, channel: str, count: int) -> None:
         tx.execute(
             f"WITH {_WAKE_IDLE.format(count='?', only_if='')} "

@@ -65,9 +65,7 @@ def _request(values: Sequence[Any] | None) -> dict[str, Any] | None:
 
 
 def _notify(tx: Tx, channel: str) -> None:
-    if tx.dialect == "postgres":
-        schema = getattr(tx.store, "schema", None)
-        tx.execute("SELECT pg_notify(?, '')", (f"{schema}_{channel}" if schema else channel,))
+    tx.store.notify(tx, channel)
 
 
 # -- sessions ----------------------------------------------------------------------------
@@ -256,20 +254,13 @@ def session_requests(tx: Tx, client_id: str) -> list[dict[str, Any]]:
 def next_due_request(tx: Tx, queues: Sequence[str], *, now: float) -> dict[str, Any] | None:
     """The oldest due request of ``queues``, locked until commit (other servers skip it).
     A request whose lease ran out is due again: its server died or hung."""
-    if tx.dialect == "postgres":
-        row = tx.query_one(
-            f"SELECT {_R_COLS} FROM homing_session_requests WHERE queue = ANY(?) "
-            "AND state = 'queued' AND available_at <= ? ORDER BY available_at, seq LIMIT 1 "
-            "FOR UPDATE SKIP LOCKED",
-            (list(queues), now),
-        )
-    else:  # BEGIN IMMEDIATE already holds SQLite's write lock
-        marks = ", ".join("?" for _ in queues)
-        row = tx.query_one(
-            f"SELECT {_R_COLS} FROM homing_session_requests WHERE queue IN ({marks}) "
-            "AND state = 'queued' AND available_at <= ? ORDER BY available_at, seq LIMIT 1",
-            (*queues, now),
-        )
+    clause, params = tx.sql.in_list("queue", queues)  # (SQLite: BEGIN IMMEDIATE holds the lock)
+    row = tx.query_one(
+        f"SELECT {_R_COLS} FROM homing_session_requests WHERE {clause} "
+        "AND state = 'queued' AND available_at <= ? ORDER BY available_at, seq LIMIT 1"
+        + tx.sql.skip_locked,
+        (*params, now),
+    )
     return _request(row)
 
 
@@ -366,7 +357,7 @@ def release_request(
 # -- client (Transaction 3) --------------------------------------------------------------
 def next_reply(tx: Tx, client_id: str, request_id: str | None) -> dict[str, Any] | None:
     """The client's oldest reply (or the reply to ``request_id``), locked until commit."""
-    lock = " FOR UPDATE SKIP LOCKED" if tx.dialect == "postgres" else ""
+    lock = tx.sql.skip_locked
     if request_id is None:
         row = tx.query_one(
             f"SELECT {_R_COLS} FROM homing_session_requests WHERE client_id = ? "

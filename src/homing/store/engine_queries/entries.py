@@ -228,7 +228,7 @@ def trim_history(tx: Tx, queue: str, keep: int) -> int:
 
 def takeable(tx: Tx, consumer: str, *, now: float, limit: int) -> list[dict[str, Any]]:
     """Entries given to ``consumer`` and not leased now (never taken, or lease run out)."""
-    lock = " FOR UPDATE" if tx.dialect == "postgres" else ""
+    lock = tx.sql.lock_rows
     return _dicts(
         ENTRY_COLUMNS,
         tx.query(
@@ -239,6 +239,9 @@ def takeable(tx: Tx, consumer: str, *, now: float, limit: int) -> list[dict[str,
     )
 
 
+ENGINE_CHANNEL = "homing_engine"
+
+
 def notify_channel(tx: Tx) -> str:
     schema = getattr(tx.store, "schema", None)
     return f"{schema}_homing_engine" if schema else "homing_engine"
@@ -246,8 +249,7 @@ def notify_channel(tx: Tx) -> str:
 
 def notify_consumers(tx: Tx) -> None:
     """Wake consumers blocked in ``take(wait=...)`` once this transaction commits."""
-    if tx.dialect == "postgres":
-        tx.execute("SELECT pg_notify(?, '')", (notify_channel(tx),))
+    tx.store.notify(tx, ENGINE_CHANNEL)
 
 
 def lease(tx: Tx, seq: int, *, token: str, until: float) -> None:

@@ -20,8 +20,7 @@ from homing.store.protocol import Tx
 def lock_engine(tx: Tx) -> None:
     """Serialise engine writers. SQLite's ``BEGIN IMMEDIATE`` already does; on PostgreSQL a
     transaction-scoped advisory lock keeps credit updates and routing free of races."""
-    if tx.dialect == "postgres":
-        tx.execute("SELECT pg_advisory_xact_lock(?)", (_ENGINE_LOCK_KEY,))
+    tx.sql.advisory_lock(tx, _ENGINE_LOCK_KEY)
 
 
 def get_queue(tx: Tx, name: str) -> dict[str, Any] | None:

@@ -76,8 +76,7 @@ def apply_migrations(store: Store) -> list[str]:
         return []
     applied: list[str] = []
     with store.transaction() as tx:
-        if tx.dialect == "postgres":
-            tx.execute("SELECT pg_advisory_xact_lock(?)", (_ADVISORY_LOCK_KEY,))
+        tx.sql.advisory_lock(tx, _ADVISORY_LOCK_KEY)  # one migrator at a time
         tx.execute(_LEDGER[tx.dialect])
         current = {
             str(c): int(v)
