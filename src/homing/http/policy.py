@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from homing.backoff import Backoff
 from homing.errors import InvalidArgument
 
 #: Statuses that say the message will never complete: the seed's 501 and the 4xx that no
@@ -57,11 +58,16 @@ class RetryPolicy:
 
     def delay(self, attempt: int, retry_after: float | None = None) -> float:
         if self.schedule:
-            base = self.schedule[min(max(attempt, 0), len(self.schedule) - 1)]
-            wait = base * (1 + self.rng.uniform(-self.jitter, self.jitter))
-        else:
-            cap = min(self.maximum, self.initial * self.factor ** min(attempt, 60))
-            wait = cap / 2 + self.rng.uniform(0, cap / 2)
+            backoff = Backoff(first=self.initial, jitter=self.jitter, schedule=self.schedule)
+        else:  # equal jitter: between half and all of the exponential wait
+            backoff = Backoff(
+                first=self.initial,
+                factor=self.factor,
+                maximum=self.maximum,
+                jitter=0.5,
+                jitter_kind="equal",
+            )
+        wait = backoff.wait(attempt, self.rng.random)
         if retry_after is not None:
             wait = max(wait, min(retry_after, self.maximum))
         return wait

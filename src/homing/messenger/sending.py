@@ -16,6 +16,7 @@ import logging
 import secrets
 from typing import TYPE_CHECKING
 
+from homing.backoff import Backoff
 from homing.messenger import wire
 from homing.messenger.model import Route
 from homing.messenger.outgoing import Out, Pending
@@ -194,7 +195,7 @@ class Sending(Sockets):
         if o.waiting:
             m._stats["retransmits"] += 1
             self.request_epoch(o, now)
-            o.rto = min(m.retry_max, o.rto * 2)
+            o.rto = Backoff(first=m.retry_initial, maximum=m.retry_max).after(o.rto)
             self.check_dead(o, now)
 
     def retransmit_due(self, o: Out, now: float) -> None:
@@ -216,7 +217,7 @@ class Sending(Sockets):
             return
         m._stats["retransmits"] += len(again)
         self.to_send.setdefault(o.channel.name, []).extend(again)
-        o.rto = min(m.retry_max, o.rto * 2)
+        o.rto = Backoff(first=m.retry_initial, maximum=m.retry_max).after(o.rto)
         self.check_dead(o, now)
 
     def check_dead(self, o: Out, now: float) -> None:

@@ -19,6 +19,7 @@ from contextlib import nullcontext
 from typing import Any, Literal
 
 from homing._failpoints import failpoint
+from homing.backoff import Backoff
 from homing.database import Database, Transaction
 from homing.errors import ConfigurationError, HomingError, InvalidArgument, PermanentFailure
 from homing.ids import uuid7
@@ -262,7 +263,8 @@ class Server:
                     token=None,
                 )
             else:
-                delay = min(MAX_BACKOFF_S, self.retry_in * 2 ** (attempts - 1))
+                backoff = Backoff(first=self.retry_in, factor=2, maximum=MAX_BACKOFF_S)
+                delay = backoff.wait(attempts - 1)
                 q.release_request(tx, request.id, token, error=message, available_at=now + delay)
 
     def run(

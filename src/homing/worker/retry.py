@@ -14,6 +14,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from homing.backoff import Backoff
 from homing.errors import InvalidArgument
 
 DAY = 24 * 3600.0
@@ -68,11 +69,10 @@ class RetryPolicy:
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait after the failure of attempt number ``attempt`` (1-based)."""
-        n = max(1, attempt)
-        exponent = min(n - 1, 200)  # factor**200 overflows nothing we cap anyway
-        raw = min(self.max_delay, self.base * self.factor**exponent)
-        spread = 1.0 + self.jitter * (2.0 * self.rng() - 1.0)
-        return max(0.0, min(self.max_delay, raw * spread))
+        backoff = Backoff(
+            first=self.base, factor=self.factor, maximum=self.max_delay, jitter=self.jitter
+        )
+        return backoff.wait(max(1, attempt) - 1, self.rng)
 
     def gives_up(self, attempt: int, age: float, next_delay: float) -> str | None:
         """Why the job must not be retried after attempt ``attempt``, or None to retry.
