@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from homing._json import compact
-from homing.engine.model import Message, QueueInfo, SelectorInfo
+from homing.engine.model import EntryState, Message, QueueInfo, SelectorInfo
 from homing.errors import InvalidArgument, PayloadTooLarge
 from homing.store import engine_queries as q
 
@@ -86,6 +86,12 @@ def encode_headers(headers: Any, limit: int) -> str:
     return text
 
 
+def _state(value: Any) -> EntryState:
+    if value not in ("ready", "outstanding", "done"):
+        raise ValueError(f"unknown engine entry state {value!r} in the store")
+    return value
+
+
 def message(row: Mapping[str, Any]) -> Message:
     body: Any = row["body"]
     if row["body_kind"] == "json":
@@ -96,7 +102,7 @@ def message(row: Mapping[str, Any]) -> Message:
         seq=int(row["seq"]),
         id=str(row["id"]),
         queue=str(row["queue"]),
-        state=str(row["state"]),
+        state=_state(row["state"]),
         headers=json.loads(row["headers"]),
         body=body,
         address=str(row["address"]),

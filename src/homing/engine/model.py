@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from homing.errors import HomingError, InvalidArgument, NotFound
 
@@ -26,6 +26,9 @@ class QueueFull(HomingError):
 
 class GraphCycle(InvalidArgument):
     """The selector would close a loop in the queue graph, so messages could circle forever."""
+
+
+EntryState = Literal["ready", "outstanding", "done"]
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,7 @@ class Message:
     seq: int
     id: str
     queue: str
-    state: str  # ready | outstanding | done
+    state: EntryState
     headers: dict[str, Any]
     body: Any
     address: str

@@ -140,11 +140,6 @@ def pending_out(tx: Tx, owner: str) -> list[OutRow]:
     ]
 
 
-def count_out(tx: Tx, owner: str) -> int:
-    row = tx.query_one("SELECT COUNT(*) FROM homing_messenger_out WHERE owner = ?", (owner,))
-    return int(row[0]) if row else 0
-
-
 def load_seen(tx: Tx, owner: str, sender: str, channel: str) -> tuple[int, int, int, str] | None:
     """(epoch, nonce, max_seen, complement) of one sender's channel, locked for update."""
     lock = tx.sql.lock_rows
@@ -216,17 +211,6 @@ def reset_gaps(tx: Tx, owner: str, sender: str, channel: str) -> None:
         "DELETE FROM homing_messenger_gaps WHERE owner = ? AND sender = ? AND channel = ?",
         (owner, sender, channel),
     )
-
-
-def seen_rows(tx: Tx, owner: str) -> list[tuple[str, str, int, int, str]]:
-    return [
-        (str(s), str(c), int(i), int(m), str(x))
-        for s, c, i, m, x in tx.query(
-            "SELECT sender, channel, incarnation, max_seen, complement "
-            "FROM homing_messenger_seen WHERE owner = ? ORDER BY sender, channel",
-            (owner,),
-        )
-    ]
 
 
 def move_out_to_dead(tx: Tx, owner: str, dead: DeadRow) -> None:
