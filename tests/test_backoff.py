@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from homing.backoff import Backoff
@@ -23,7 +23,7 @@ unit = st.floats(0, 1, exclude_max=True)
     attempt=attempts,
     r=unit,
     base=st.floats(0, 100),
-    factor=st.floats(1, 10),
+    factor=st.floats(1, 10) | st.floats(1, 1.01),
     cap=st.floats(0, 1e6),
     jitter=st.floats(0, 1),
 )
@@ -37,6 +37,7 @@ def test_worker_policy_waits_as_before(
     assert policy.delay(attempt) == pytest.approx(before)
 
 
+@example(attempt=61, seed=0, initial=1.0, factor=1.03125, extra=6.0)  # exponent stops at 60
 @given(
     attempt=attempts,
     seed=st.integers(0, 2**32),

@@ -82,7 +82,15 @@ def test_complement_intervals_are_capped_and_nothing_is_acked_that_was_not_appli
         stats = srv.stats()
         assert stats["seen_intervals"] == cap
         assert stats["deferred"] == N - cap
-        acked = _acked_ids(raw)
+        # acks travel after the apply (the I/O thread sends them): collect until the
+        # applied ones are all acknowledged, then a moment more to catch any extra ack
+        acked: set[int] = set()
+        deadline = time.monotonic() + 30
+        while not acked >= set(effects) and time.monotonic() < deadline:
+            acked |= _acked_ids(raw)
+            time.sleep(0.01)
+        time.sleep(0.2)
+        acked |= _acked_ids(raw)
         assert acked == set(effects) == set(evens[:cap])  # acked <=> applied
         # a sender retries what was not acknowledged: the odd ids fill the gaps, the
         # deferred evens come again; within a few rounds every id is applied

@@ -67,7 +67,7 @@ class RetryPolicy:
                 jitter=0.5,
                 jitter_kind="equal",
             )
-        wait = backoff.wait(attempt, self.rng.random)
+        wait = backoff.wait(min(attempt, 60), self.rng.random)  # the exponent stops at 60
         if retry_after is not None:
             wait = max(wait, min(retry_after, self.maximum))
         return wait

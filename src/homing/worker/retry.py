@@ -72,7 +72,7 @@ class RetryPolicy:
         backoff = Backoff(
             first=self.base, factor=self.factor, maximum=self.max_delay, jitter=self.jitter
         )
-        return backoff.wait(max(1, attempt) - 1, self.rng)
+        return backoff.wait(min(max(1, attempt) - 1, 200), self.rng)  # exponent stops at 200
 
     def gives_up(self, attempt: int, age: float, next_delay: float) -> str | None:
         """Why the job must not be retried after attempt ``attempt``, or None to retry.
