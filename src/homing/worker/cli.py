@@ -82,6 +82,13 @@ def load_app(target: str) -> App:
     show_default=True,
     help="Seconds between `homing gc` passes run by this worker (0: leave it to cron).",
 )
+@click.option(
+    "--gather",
+    type=click.FloatRange(min=0),
+    default=0.005,
+    show_default=True,
+    help="Seconds a worker woken by an insert waits before grabbing, so one grab takes several jobs.",
+)
 @click.option("--until-idle", is_flag=True, help="Exit once no job is available and none runs.")
 @click.option("--name", default="worker", show_default=True, help="Worker name in leases and logs.")
 @click.option(
@@ -103,6 +110,7 @@ def worker(
     grace: float,
     prefetch: int | None,
     gc_every: float,
+    gather: float,
     until_idle: bool,
     name: str,
     log_format: str,
@@ -130,6 +138,7 @@ def worker(
         grace=grace,
         prefetch=prefetch,
         gc_every=gc_every,
+        gather=gather,
         until_idle=until_idle,
         name=name,
     )

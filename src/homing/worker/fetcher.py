@@ -65,7 +65,10 @@ def fetch_jobs(w: Worker) -> None:
             continue
         if w.until_idle and stop_if_idle(w):
             break
-        wakeup.wait(w.idle_wait)
+        if wakeup.wait(w.idle_wait) and w.gather > 0:
+            # woken by an insert: let the jobs of the next moments gather, so that one grab
+            # takes several and one completion commit covers them (fewer commits per job)
+            w._stopping.wait(w.gather)
 
 
 def hand_out(w: Worker, contexts: list[JobContext]) -> None:

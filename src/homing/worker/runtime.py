@@ -83,7 +83,9 @@ class Worker:
     grabs; they wait leased in memory, covered by the heartbeat; use 0 for long jobs, so
     that an idle worker elsewhere takes them instead), ``gc_every`` (seconds between
     ``homing gc`` passes run by this worker, default an hour, 0 to leave it to a cron
-    job), ``name``.
+    job), ``gather`` (seconds an idle worker woken by an insert waits before it grabs, so
+    that one grab and one completion commit cover the jobs of the next moments; default
+    5 ms; 0 grabs at once), ``name``.
     """
 
     def __init__(
@@ -102,6 +104,7 @@ class Worker:
         until_idle: bool = False,
         prefetch: int | None = None,
         gc_every: float = 3600.0,
+        gather: float = 0.005,
         name: str = "worker",
     ) -> None:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
@@ -129,6 +132,7 @@ class Worker:
         self.idle_wait = check_seconds("idle_wait", idle_wait, allow_zero=False)
         self.until_idle = until_idle
         self.gc_every = check_seconds("gc_every", gc_every, allow_zero=True)
+        self.gather = check_seconds("gather", gather, allow_zero=True)
         if prefetch is None:
             prefetch = max(4, concurrency)
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
