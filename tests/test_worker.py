@@ -616,8 +616,8 @@ def test_an_insert_wakes_one_idle_worker_not_all(stores: Any) -> None:
             time.sleep(0.03)  # let the woken worker go idle again
         assert len(done) == n and len(set(done)) == n
         empty = sum(w.stats.empty_grabs for w in workers) - before
-        # the worker that ran a job looks once more (empty) and polls after 50 ms ...
-        # while idle; a broadcast would add two empty grabs per job on top
+        # the worker that ran a job looks once more (empty); idle workers look on their own
+        # only from idle_wait / 10 = 0.5 s on; a broadcast adds two empty grabs per job
         assert empty / n < 2.0, f"{empty} empty grabs for {n} jobs"
     finally:
         for w in workers:

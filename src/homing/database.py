@@ -355,12 +355,14 @@ class Database(_JobAPI):
         """A worker's waiter that is woken alone: pass its ``channel`` to ``grab_many``
         (``idle_channel=``), which registers the worker as idle when it found nothing; an
         insert then wakes as many idle workers as it inserted jobs, not every one. Between
-        wake-ups it still looks now and then (from 25 ms, doubling to ``max_poll``), which
+        wake-ups it still looks now and then (from ``idle_wait / 10``, doubling to ``idle_wait``), which
         bounds what a registration racing an insert can cost. On SQLite: a back-off poll."""
         if not self.store.capabilities.notifications:
             return IdleWakeup(None, self.wakeup(min_poll=min_poll, max_poll=max_poll))
         channel = channel or f"homing_jobs_w_{secrets.token_hex(6)}"
-        return IdleWakeup(channel, self.store.wakeup(channel), first=0.05, longest=idle_wait)
+        return IdleWakeup(
+            channel, self.store.wakeup(channel), first=idle_wait / 10, longest=idle_wait
+        )
 
     def forget_idle(self, channel: str) -> None:
         """Unregister an idle worker's channel (at its shutdown)."""
