@@ -11,14 +11,21 @@ from pathlib import Path
 import homing
 
 WORKER = r"""
-import json, sys
+import json, os, sys, time
 import homing
-url, out, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+url, out, mode, gate, n = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+cap = int(sys.argv[6])  # SQLite's lock is not fair: one process could take every job
 db = homing.connect(url, migrate=False)
+# start together: a process that starts first could otherwise drain every job before the
+# others have imported homing, and nothing would race
+open(os.path.join(gate, str(os.getpid())), "w").close()
+deadline = time.monotonic() + 120
+while len(os.listdir(gate)) < n and time.monotonic() < deadline:
+    time.sleep(0.005)
 done = []
 idle = 0
 i = 0
-while idle < 20:
+while idle < 20 and len(done) < cap:
     i += 1
     if mode == "single" or i % 2:
         job = db.grab("race", lock_for=300)
@@ -54,9 +61,21 @@ def test_four_processes_complete_each_job_exactly_once(store_url: str, tmp_path:
 
     started = time.monotonic()
     outs = [tmp_path / f"done-{i}.json" for i in range(N_PROCS)]
+    gate = tmp_path / "gate"
+    gate.mkdir()
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", WORKER, store_url, str(out), "single" if i % 2 else "batch"]
+            [
+                sys.executable,
+                "-c",
+                WORKER,
+                store_url,
+                str(out),
+                "single" if i % 2 else "batch",
+                str(gate),
+                str(N_PROCS),
+                str(N_JOBS // N_PROCS + N_JOBS // 10),
+            ]
         )
         for i, out in enumerate(outs)
     ]
@@ -66,8 +85,9 @@ def test_four_processes_complete_each_job_exactly_once(store_url: str, tmp_path:
 
     per_proc = [json.loads(o.read_text()) for o in outs]
     completed = [h for done in per_proc for h in done]
-    # SQLite's lock is not fair between processes: one may be starved for the whole run.
-    # Concurrency is proven as long as at least two processes raced.
+    # SQLite's lock is not fair between processes: one may take the lock again and again
+    # and starve the others (seen: 20,000 / 0 / 0 / 0), so each process stops after its
+    # share plus 10% and the others must take over the rest while it still runs.
     assert sum(1 for done in per_proc if done) >= 2, [len(d) for d in per_proc]
     duplicated = len(completed) - len(set(completed))
     lost = set(handles) - set(completed)
