@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -281,3 +282,71 @@ def test_the_replace_example_runs(spark: Any) -> None:
 
     example = runpy.run_path(str(HERE.parent / "examples" / "pipeline_replace.py"))
     assert example["fan_out"](spark) == {"FiredEvent": (0, 1), "ProcessSubscription": (1000, 0)}
+
+
+def _open_older_transaction(db: homing.Database) -> Any:
+    """A transaction that holds an xid from before the inserts (PostgreSQL's horizon)."""
+    import psycopg
+
+    conn = psycopg.connect(db.url.split("?")[0], autocommit=False)
+    conn.execute("SELECT pg_current_xact_id()")
+    return conn
+
+
+def _prepare_available_now(db: homing.Database, **options: str) -> Any:
+    """The stream reader's availableNow preparation, run in a thread (as Spark's driver)."""
+    from homing.spark._read import QueueStreamReader
+
+    reader = QueueStreamReader({"url": db.url, "queue": "ev", **options})
+    thread = threading.Thread(target=reader.prepareForTriggerAvailableNow, daemon=True)
+    thread.start()
+    return reader, thread
+
+
+@pytest.fixture
+def pg_db(tmp_path: Path) -> Any:
+    """PostgreSQL only: SQLite has one writer and no visibility horizon to wait for."""
+    from tests.conftest import StoreFactory
+
+    factory = StoreFactory("postgres", tmp_path)
+    database = homing.connect(factory.url())
+    yield database
+    database.close()
+    factory.cleanup()
+
+
+def test_available_now_waits_for_an_older_open_transaction(pg_db: Any) -> None:
+    """A transaction open before the inserts must not make availableNow skip them: the
+    preparation waits until it ends, then takes every row committed before it started."""
+    db = pg_db
+    older = _open_older_transaction(db)
+    try:
+        db.insert_many([("ev", {"n": i}) for i in range(30)])
+        reader, thread = _prepare_available_now(db)
+        thread.join(1.0)
+        assert thread.is_alive()  # held back by the older transaction, not finished short
+        older.commit()
+        thread.join(90)  # other clients' open transactions hold the horizon too (<= 60 s)
+        assert not thread.is_alive()
+    finally:
+        older.close()
+    assert reader.target is not None
+    with db.store.transaction(write=False) as tx:
+        n, _, _ = sq.plain_seq_range(tx, "ev", (0, 0), (reader.target["xid"], reader.target["seq"]))
+    assert n == 30
+
+
+def test_available_now_wait_is_bounded(pg_db: Any) -> None:
+    """With the older transaction still open past the bound, the preparation stops at the
+    settled position (nothing of the 30) instead of waiting forever."""
+    db = pg_db
+    older = _open_older_transaction(db)
+    try:
+        db.insert_many([("ev", {"n": i}) for i in range(30)])
+        reader, thread = _prepare_available_now(db, availableNowWaitSeconds="0.5")
+        thread.join(30)
+        assert not thread.is_alive()
+        assert reader.target is not None and (reader.target["xid"], reader.target["seq"]) == (0, 0)
+    finally:
+        older.commit()
+        older.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +27,8 @@ from homing.spark._common import (
     task_master,
 )
 from homing.store import spark_queries as sq
+
+log = logging.getLogger(__name__)
 
 TABLE_SCHEMA = (
     "id string, seq long, type string, args string, priority int, run_at double, "
@@ -156,6 +160,19 @@ class StagedPartition(InputPartition):
     seq_hi: int
 
 
+def _seconds_option(options: Mapping[str, str], name: str, default: float) -> float:
+    raw = option(options, name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        raise ConfigurationError(f"{name}={raw!r}: a number of seconds >= 0")
+    return value
+
+
 def _pos_key(p: Mapping[str, int]) -> tuple[int, int, int, int]:
     return (int(p["xid"]), int(p["seq"]), int(p["bno"]), int(p["bseq"]))
 
@@ -187,6 +204,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 "always resumes from its cursor)"
             )
         self.starting = starting
+        self.settle_wait = _seconds_option(options, "availableNowWaitSeconds", 60.0)
         self.target: dict[str, int] | None = None
 
     def initialOffset(self) -> dict[str, int]:
@@ -226,7 +244,36 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return None
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self.target = self._latest(dict(ZERO), None)
+        """Everything committed before the query started, once no earlier commit can follow.
+
+        On PostgreSQL a row is only safe to pass once every older transaction has ended (see
+        docs/spark.md); any transaction open on the server at this moment, in any database,
+        holds that horizon back. So wait (at most ``availableNowWaitSeconds``) until the
+        settled end reaches the last row this query can already see, instead of ending an
+        ``availableNow`` run that leaves committed rows behind.
+        """
+        store = store_for(self.url)
+        with store.transaction(write=False) as tx:
+            visible, _ = sq.plain_end(tx, self.queue, (0, 0), None, settled=False)
+        deadline = time.monotonic() + self.settle_wait
+        pause = 0.01
+        while True:
+            latest = self._latest(dict(ZERO), None)
+            if (latest["xid"], latest["seq"]) >= visible:
+                break
+            if time.monotonic() >= deadline:
+                log.warning(
+                    "availableNow on %s: an open transaction older than the last visible row "
+                    "kept the stream's horizon back for %.0f s; this run stops at %s, the "
+                    "rest comes with the next trigger",
+                    self.queue,
+                    self.settle_wait,
+                    latest,
+                )
+                break
+            time.sleep(pause)
+            pause = min(pause * 2, 0.5)
+        self.target = latest
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
         store = store_for(self.url)

@@ -93,14 +93,19 @@ def leased_bounds(tx: Tx, lease_token: str) -> tuple[int, int, int]:
 
 # -- stream positions --------------------------------------------------------------------
 def plain_end(
-    tx: Tx, queue: str, start: tuple[int, int], limit: int | None
+    tx: Tx, queue: str, start: tuple[int, int], limit: int | None, *, settled: bool = True
 ) -> tuple[tuple[int, int], int]:
-    """The position after at most ``limit`` plain rows past ``start``; and how many rows."""
+    """The position after at most ``limit`` plain rows past ``start``; and how many rows.
+
+    ``settled`` keeps to positions no later commit can fall behind (on PostgreSQL, below
+    the snapshot's xmin); without it, the last position this transaction sees.
+    """
     after, after_params = tx.sql.stream_after(start)
     params: list[Any] = [queue, *after_params]
+    horizon = tx.sql.below_xmin if settled else ""
     base = (
         f"SELECT {tx.sql.stream_key}, seq FROM homing_jobs WHERE type = ? "
-        f"AND staged_in IS NULL AND {after}{tx.sql.below_xmin}"
+        f"AND staged_in IS NULL AND {after}{horizon}"
     )
     order = tx.sql.stream_order()
     if limit is None:
