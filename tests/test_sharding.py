@@ -100,6 +100,43 @@ def test_writes_for_another_shard_are_refused_in_a_transaction(factory: StoreFac
             db.transaction(shard=0, unique_key=key)
 
 
+def test_transactional_enqueue_and_complete_with_own_writes(factory: StoreFactory) -> None:
+    """test_jobs' transaction tests, on two shards: your rows, the keyed job and the
+    completion commit or roll back together on the key's shard."""
+    with sharded([factory.url("a"), factory.url("b")]) as db:
+        for shard in range(2):
+            with db.transaction(shard=shard) as tx:
+                tx.connection.execute("CREATE TABLE orders (id TEXT PRIMARY KEY)")
+        for key in ("order-1", "order-2", "order-3"):
+            with db.transaction(unique_key=key) as tx:
+                tx.connection.execute("INSERT INTO orders (id) VALUES (%s)", (key,))
+                tx.insert("receipt", {"order": key}, unique_key=key)
+        with pytest.raises(RuntimeError), db.transaction(unique_key="order-9") as tx:
+            tx.connection.execute("INSERT INTO orders (id) VALUES ('order-9')")
+            lost = tx.insert("receipt", {"order": 9}, unique_key="order-9")
+            raise RuntimeError("the caller fails: both writes must vanish")
+        with pytest.raises(homing.JobNotFound):
+            db.details(lost)
+        rows = {}
+        for shard in range(2):
+            with db.transaction(shard=shard) as tx:
+                rows[shard] = {r[0] for r in tx.connection.execute("SELECT id FROM orders")}
+        assert rows == {
+            s: {k for k in ("order-1", "order-2", "order-3") if db.shard_for_key(k) == s}
+            for s in range(2)
+        }
+        job = db.grab("receipt", lock_for=30)
+        assert job is not None
+        mine = int(job.handle.split(":")[0])
+        with pytest.raises(ZeroDivisionError), db.transaction(shard=mine) as tx:
+            tx.complete(job)
+            1 / 0  # noqa: B018
+        assert db.details(job.handle).state == "running"
+        with db.transaction(shard=mine) as tx:
+            tx.complete(job)
+            assert db.details(job.handle).state == "done"  # a call inside joins the transaction
+
+
 def _key_on(shard: int, n: int = 2) -> str:
     return next(k for i in range(1000) if owner(k := f"x{i}", n) == shard)
 
@@ -249,3 +286,50 @@ def test_a_shard_that_goes_away_is_skipped_and_comes_back(factory: StoreFactory)
     finally:
         db.close()
         proxy.close()
+
+
+# -- reliable HTTP and sessions place their rows by the same rule ------------------------------
+def test_sharded_sender_keeps_each_message_on_its_id_shard(factory: StoreFactory) -> None:
+    from homing.http.sharded import ShardedReceiver, ShardedSender
+
+    with sharded([factory.url("a"), factory.url("b")]) as db:
+        sender = ShardedSender(db, dispatch=False)
+        pending = [sender.enqueue("send", "http://127.0.0.1:9/x", {"i": i}) for i in range(20)]
+        assert {owner(p.id, 2) for p in pending} == {0, 1}  # spread over the shards
+        for p in pending:
+            assert p.sender is sender.senders[owner(p.id, 2)]
+            assert sender.poll(p.id) == (False, None)  # found on its shard, not yet delivered
+        for shard in range(2):
+            with db.transaction(shard=shard) as tx:
+                inside = sender.enqueue("send", "http://127.0.0.1:9/x", {"in": shard}, tx=tx)
+            assert owner(inside.id, 2) == shard  # the transaction's shard owns the id
+        one = db.shards[0]
+        with pytest.raises(CrossShardWrite), one.transaction() as raw:
+            sender.enqueue("send", "http://127.0.0.1:9/x", {}, tx=raw)
+        receiver = ShardedReceiver(db, dispatch=False)
+        for p in pending:  # a request naming the message reaches the shard of its id
+            scope = {"path": "/x", "headers": [(b"homing-message-id", p.id.encode())]}
+            assert receiver.shard_of(scope) == owner(p.id, 2)
+            reply = {"path": "/_homing/reply", "headers": [(b"homing-in-reply-to", p.id.encode())]}
+            assert receiver.shard_of(reply) == owner(p.id, 2)
+            assert receiver.shard_of({"path": f"/_homing/inbox/{p.id}"}) == owner(p.id, 2)
+        sender.close()
+
+
+def test_a_session_lives_on_its_clients_shard(factory: StoreFactory) -> None:
+    from homing.sessions.sharded import ShardedServer, ShardedSessions
+
+    with sharded([factory.url("a"), factory.url("b")]) as db:
+        sessions = ShardedSessions(db)
+        clients = [f"client-{i}" for i in range(8)]
+        assert {db.shard_for_key(c) for c in clients} == {0, 1}
+        sent = {c: sessions.open(c).submit("q", {"c": c}).id for c in clients}
+        server = ShardedServer(db, "q", lambda request, tx: {"echo": request.body["c"]})
+        assert server.run(until_idle=True, idle_wait=0.01) == len(clients)
+        for c in clients:
+            session = sessions.attach(c)
+            reply = session.take_reply(lambda r, tx: None, timeout=5)
+            assert reply is not None and reply.body == {"echo": c}
+            assert sessions.lookup(sent[c]).client_id == c
+            assert sessions.info(c).client_id == c
+            assert session.sessions.db is db.shards[db.shard_for_key(c)]
