@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from homing.errors import HomingError, StoreUnreachable
+from homing.errors import StoreUnreachable
 
 log = logging.getLogger("homing.sharding")
 
@@ -84,15 +84,15 @@ class Prober:
 
     def _run(self) -> None:
         while not self._stop.wait(self._every):
-            down = [h for h in self._health if not h.up]
-            if not down:
-                with self._lock:
+            with self._lock:  # with wake(): a shard marked down now is never left unprobed
+                down = [h for h in self._health if not h.up]
+                if not down:
                     self._thread = None
-                return
+                    return
             for h in down:
                 try:
                     self._probe(h.index)
-                except HomingError as exc:
+                except Exception as exc:  # still down (or broken): try again later
                     h.mark_down(exc)
                 else:
                     h.mark_up()
