@@ -480,3 +480,14 @@ def test_grab_many_beyond_sqlite_variable_limit(db: homing.Database) -> None:
     assert len(jobs) == 40_000 and len({j.handle for j in jobs}) == 40_000
     db.complete_many(jobs)
     assert {r["type"]: r for r in db.stats()}["bulk"]["done"] == 40_000
+
+
+def test_an_expired_lease_is_not_hidden_by_a_ready_job(jobs: JobAPI, clock: ManualClock) -> None:
+    """A grab that takes a ready job while an expired lease of the same priority waits must
+    not move the expiry search past that lease (it was hidden for up to 10 s before)."""
+    first = jobs.insert("t", 1)
+    assert jobs.grab("t", lock_for=1) is not None
+    second = jobs.insert("t", 2)
+    clock.advance(21)
+    taken = [jobs.grab("t", lock_for=1), jobs.grab("t", lock_for=1)]
+    assert sorted(j.handle for j in taken if j is not None) == sorted([first, second])

@@ -270,3 +270,89 @@ def test_fifty_outstanding_with_random_crashes(
     assert crashes["client"] == 4 and crashes["server"] >= 1, (seed, crashes)
     # after_request_prepared leaves A, client_before_reply_commit C, after_reply_dequeued D
     assert {"A", "C", "D"} <= set(seen), (seed, seen)
+
+
+# -- the same on a sharded store (issue 18): a session lives on its client's shard ---------
+def test_sharded_sessions_with_random_crashes(tmp_path: Path) -> None:
+    """Two shards, a client whose session lives on each, servers that serve both shards
+    (``ShardedServer``); clients and servers SIGKILLed at the protocol's failpoints. Each
+    client's items are processed once and their replies taken once, on its own shard."""
+    from homing.sessions.sharded import ShardedSessions
+    from tests.conftest import StoreFactory
+
+    factory = StoreFactory("postgres", tmp_path)
+    urls = [factory.url("sess0"), factory.url("sess1")]
+    db = homing.connect(urls)
+    assert isinstance(db, homing.ShardedDatabase)
+    clients = [next(f"c{i}" for i in range(100) if db.shard_for_key(f"c{i}") == s) for s in (0, 1)]
+    for shard in db.shards:
+        make_tables(shard)
+    url = ",".join(urls)
+    n_items = 20
+    rng = random.Random(int(os.environ.get("HOMING_CHAOS_SEED", "18")))
+    faults = {
+        c: [
+            f"{p}={rng.randint(1, 5)}*crash" for pair in (SUBMIT_POINTS, REPLY_POINTS) for p in pair
+        ]
+        for c in clients
+    }
+    server_faults = [f"sessions.server_before_commit={rng.randint(1, 8)}*crash" for _ in range(2)]
+    stop_file = tmp_path / "stop"
+    crashes: Counter[str] = Counter()
+    incarnations = dict.fromkeys(clients, 0)
+
+    def start_client(c: str) -> Child:
+        fault = faults[c].pop(0) if faults[c] else ""
+        return Child(tmp_path, "client", [url, c, str(n_items), str(incarnations[c])], fault)
+
+    def start_server() -> Child:
+        fault = server_faults.pop(0) if server_faults else ""
+        return Child(tmp_path, "server", [url, str(stop_file)], fault)
+
+    running = {c: start_client(c) for c in clients}
+    servers = [start_server(), start_server()]
+    try:
+        deadline = time.monotonic() + 90
+        while running:
+            assert time.monotonic() < deadline, f"no progress; {crashes}"
+            for c, child in list(running.items()):
+                rc = child.proc.poll()
+                if rc is None:
+                    continue
+                if child.check(rc) == 0:
+                    del running[c]
+                    continue
+                crashes[c] += 1
+                incarnations[c] += 1
+                running[c] = start_client(c)
+            for k, server in enumerate(servers):
+                rc = server.proc.poll()
+                if rc is not None:
+                    server.check(rc)
+                    crashes["server"] += 1
+                    servers[k] = start_server()
+            time.sleep(0.02)
+        stop_file.touch()
+        for server in servers:
+            assert server.check(server.wait()) == 0
+    finally:
+        stop_file.touch()
+        for child in (*running.values(), *servers):
+            child.reap()
+    try:
+        sessions = ShardedSessions(db)
+        for shard, c in enumerate(clients):
+            home = sessions.database_for(c)
+            assert home is db.shards[shard]
+            print(c, check_exactly_once(home, c, n_items))
+            other = db.shards[1 - shard]
+            with other.store.transaction(write=False) as tx:  # nothing of c on the other shard
+                row = tx.query_one(
+                    "SELECT COUNT(*) FROM homing_session_requests WHERE client_id = ?", (c,)
+                )
+            assert row == (0,)
+        assert all(crashes[c] == 4 for c in clients), crashes
+        print(f"crashes {dict(crashes)}")
+    finally:
+        db.close()
+        factory.cleanup()

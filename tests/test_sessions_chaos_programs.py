@@ -19,17 +19,21 @@ from typing import Any
 
 import homing
 from homing.sessions import Reply, Request, Server, SessionFenced, Sessions
+from homing.sessions.sharded import ShardedServer, ShardedSessions
 
 QUEUE = "work"
 
 
 def client_program(url: str, client_id: str, n_items: int, incarnation: int) -> int:
     """A client that recovers its session, acts on each state, then finishes its items."""
-    db = homing.connect(url, migrate=False)  # the parent migrated the store
-    assert isinstance(db, homing.Database)
-    session = Sessions(db, keep_replies=5).open(client_id)
+    db = homing.connect(url.split(","), migrate=False)  # the parent migrated the store
+    if isinstance(db, homing.ShardedDatabase):  # the session and these tables: on one shard
+        sharded = ShardedSessions(db, keep_replies=5)
+        session, home = sharded.open(client_id), sharded.database_for(client_id)
+    else:
+        session, home = Sessions(db, keep_replies=5).open(client_id), db
     rec = session.recover()
-    with db.store.transaction() as tx:
+    with home.store.transaction() as tx:
         for st in rec.requests:
             tx.execute(
                 "INSERT INTO decisions (client_id, incarnation, request_id, state, is_last) "
@@ -85,8 +89,7 @@ def process(request: Request, txn: homing.Transaction) -> Any:
 
 
 def server_program(url: str, stop_file: str) -> int:
-    db = homing.connect(url, migrate=False)  # the parent migrated the store
-    assert isinstance(db, homing.Database)
+    db = homing.connect(url.split(","), migrate=False)  # the parent migrated the store
     stop = threading.Event()
 
     def watch() -> None:
@@ -95,7 +98,10 @@ def server_program(url: str, stop_file: str) -> int:
         stop.set()
 
     threading.Thread(target=watch, daemon=True).start()
-    Server(db, QUEUE, process).run(stop, idle_wait=0.05)
+    if isinstance(db, homing.ShardedDatabase):
+        ShardedServer(db, QUEUE, process).run(stop, idle_wait=0.05)
+    else:
+        Server(db, QUEUE, process).run(stop, idle_wait=0.05)
     db.close()
     return 0
 

@@ -4,6 +4,7 @@ from homing.clock import Clock, ManualClock, SystemClock
 from homing.database import Database, JobAPI, ShardedDatabase, Transaction, connect
 from homing.errors import (
     ConfigurationError,
+    CrossShardWrite,
     HomingError,
     InvalidArgument,
     InvalidFilter,
@@ -15,6 +16,7 @@ from homing.errors import (
     SchemaError,
     StaleLease,
     StoreUnavailable,
+    StoreUnreachable,
 )
 from homing.ids import uuid7
 from homing.jobs import Failure, Holder, Job, JobDetails, JobSpec, JobState
@@ -26,6 +28,7 @@ __all__ = [
     "App",
     "Clock",
     "ConfigurationError",
+    "CrossShardWrite",
     "Database",
     "Failure",
     "Holder",
@@ -48,6 +51,7 @@ __all__ = [
     "ShardedDatabase",
     "StaleLease",
     "StoreUnavailable",
+    "StoreUnreachable",
     "SystemClock",
     "Transaction",
     "connect",

@@ -329,7 +329,7 @@ def gc(
     retention = replace(Retention(), **{k: v for k, v in given.items() if v is not None})
     with open_db(ctx) as db:
         totals: dict[str, int] = {}
-        for one in getattr(db, "shards", [db]):
+        for one in getattr(db, "live_shards", lambda: [db])():
             for table, n in collect(one, retention).items():
                 totals[table] = totals.get(table, 0) + n
     data = {"deleted": sum(totals.values()), "tables": totals}

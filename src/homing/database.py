@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import itertools
 import secrets
-import threading
-import time
-import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
 from homing.clock import Clock
-from homing.errors import ConfigurationError, HomingError, InvalidArgument, JobNotFound
+from homing.errors import ConfigurationError, HomingError, InvalidArgument
 from homing.jobs import (
     DEFAULT_MAX_ARGS_BYTES,
     DEFAULT_RETENTION_S,
@@ -26,7 +22,7 @@ from homing.jobs import (
 from homing.store import jobs_queries as q
 from homing.store import open_store
 from homing.store.protocol import Store, Tx, Wakeup
-from homing.store.wakeup import AnyWakeup, IdleWakeup
+from homing.store.wakeup import IdleWakeup
 
 
 @runtime_checkable
@@ -382,274 +378,6 @@ class Database(_JobAPI):
         return f"<homing.Database {self.store.dialect} {self.store.url}>"
 
 
-class ShardedDatabase:
-    """Several PostgreSQL databases as one job store (seed 002: "the database scales
-    horizontally"). Handles name their shard (``"2:<uuid>"``); the list order of the URLs is
-    the shard identity and must not change. Jobs with a ``unique_key`` go to the shard its
-    hash picks, so deduplication holds; others are spread round-robin. Grabs visit the
-    shards in rotation, starting one further each call, so no shard starves. A transaction
-    spans one shard; ``insert_many`` is atomic per shard, not across shards."""
-
-    def __init__(self, shards: list[Database]) -> None:
-        if not shards:
-            raise ConfigurationError("a sharded store needs at least one URL")
-        self.shards = shards
-        self._rr = itertools.count()
-        self._grab_rr = itertools.count()
-        self._lock = threading.Lock()
-
-    @property
-    def dialect(self) -> str:
-        return self.shards[0].dialect
-
-    def _next(self, counter: itertools.count[int]) -> int:
-        with self._lock:
-            return next(counter) % len(self.shards)
-
-    def shard_for_key(self, key: str) -> int:
-        return zlib.crc32(key.encode()) % len(self.shards)
-
-    def _shard_of_spec(self, spec: JobSpec | tuple[str, Any]) -> int:
-        if isinstance(spec, JobSpec) and spec.unique_key is not None:
-            return self.shard_for_key(spec.unique_key)
-        return self._next(self._rr)
-
-    def _by_handle(self, handle: Any) -> Database:
-        if isinstance(handle, Job):
-            handle = handle.handle
-        if not isinstance(handle, str) or ":" not in handle:
-            raise JobNotFound(f"{handle!r} is not a sharded job handle (they look like 0:<id>)")
-        prefix = handle.split(":", 1)[0]
-        if not prefix.isdigit() or int(prefix) >= len(self.shards):
-            raise JobNotFound(f"job handle {handle!r} names shard {prefix}, which this store lacks")
-        return self.shards[int(prefix)]
-
-    def insert(
-        self,
-        type: str,
-        args: Any = None,
-        *,
-        priority: int = 0,
-        run_at: float | datetime | None = None,
-        unique_key: str | None = None,
-    ) -> str:
-        spec = JobSpec(type, args, priority, run_at, unique_key)
-        return self.shards[self._shard_of_spec(spec)].insert(
-            type, args, priority=priority, run_at=run_at, unique_key=unique_key
-        )
-
-    def insert_many(self, jobs: Iterable[JobSpec | tuple[str, Any]]) -> list[str]:
-        """Atomic per shard. Every job is checked before any shard is written, so bad input
-        writes nothing anywhere."""
-        specs = list(jobs)
-        self.shards[0]._ops.new_jobs(specs)  # raises for bad input, before any write
-        groups: dict[int, list[tuple[int, JobSpec | tuple[str, Any]]]] = {}
-        for i, spec in enumerate(specs):
-            groups.setdefault(self._shard_of_spec(spec), []).append((i, spec))
-        out: dict[int, str] = {}
-        for shard, items in groups.items():
-            handles = self.shards[shard].insert_many([s for _, s in items])
-            out.update({i: h for (i, _), h in zip(items, handles, strict=True)})
-        return [out[i] for i in range(len(out))]
-
-    def grab_many(
-        self,
-        types: str | Sequence[str],
-        *,
-        lock_for: float,
-        limit: int,
-        where: Mapping[str, Any] | None = None,
-        worker_id: str | None = None,
-        idle_channel: str | None = None,
-    ) -> list[Job]:
-        start = self._next(self._grab_rr)
-        got: list[Job] = []
-        for k in range(len(self.shards)):
-            shard = self.shards[(start + k) % len(self.shards)]
-            got += shard.grab_many(
-                types,
-                lock_for=lock_for,
-                limit=limit - len(got),
-                where=where,
-                worker_id=worker_id,
-                idle_channel=idle_channel,
-            )
-            if len(got) >= limit:
-                break
-        return got
-
-    def grab(
-        self,
-        types: str | Sequence[str],
-        *,
-        lock_for: float,
-        where: Mapping[str, Any] | None = None,
-        worker_id: str | None = None,
-    ) -> Job | None:
-        jobs = self.grab_many(types, lock_for=lock_for, limit=1, where=where, worker_id=worker_id)
-        return jobs[0] if jobs else None
-
-    def complete(self, job: Job | str, *, lease_token: str | None = None) -> None:
-        self._by_handle(job).complete(job, lease_token=lease_token)
-
-    def complete_many(self, jobs: Iterable[Job]) -> None:
-        """All or none against refusals: each shard's part is completed in a transaction
-        of that shard, and the transactions commit only when every part applied (a stale
-        lease anywhere rolls back all of them). Only a crash between the shards' commits
-        could leave one shard's part done; each job lives on one shard, so no job is ever
-        completed twice."""
-        groups: dict[int, list[Job]] = {}
-        for job in jobs:
-            if not isinstance(job, Job):
-                raise InvalidArgument(f"complete_many takes Job objects from grab, got {job!r}")
-            groups.setdefault(self.shards.index(self._by_handle(job)), []).append(job)
-        with ExitStack() as stack:
-            for shard, group in sorted(groups.items()):
-                stack.enter_context(self.shards[shard].transaction()).complete_many(group)
-
-    def complete_each(self, jobs: Iterable[Job]) -> list[tuple[Job, HomingError]]:
-        """Per shard, one statement; see ``Database.complete_each``."""
-        groups: dict[int, list[Job]] = {}
-        for job in jobs:
-            groups.setdefault(self.shards.index(self._by_handle(job)), []).append(job)
-        refused: list[tuple[Job, HomingError]] = []
-        for shard, group in groups.items():
-            refused += self.shards[shard].complete_each(group)
-        return refused
-
-    def temp_fail(
-        self, job: Job | str, message: str, *, retry_in: float, lease_token: str | None = None
-    ) -> float:
-        return self._by_handle(job).temp_fail(
-            job, message, retry_in=retry_in, lease_token=lease_token
-        )
-
-    def perm_fail(self, job: Job | str, message: str, *, lease_token: str | None = None) -> None:
-        self._by_handle(job).perm_fail(job, message, lease_token=lease_token)
-
-    def extend(self, job: Job | str, lock_for: float, *, lease_token: str | None = None) -> float:
-        return self._by_handle(job).extend(job, lock_for, lease_token=lease_token)
-
-    def release(
-        self, job: Job | str, message: str = "released", *, lease_token: str | None = None
-    ) -> None:
-        self._by_handle(job).release(job, message, lease_token=lease_token)
-
-    def replace(
-        self,
-        job: Job | str,
-        jobs: Iterable[JobSpec | tuple[str, Any]],
-        *,
-        lease_token: str | None = None,
-    ) -> list[str]:
-        """Children go to the parent's shard, so the replace is one transaction."""
-        return self._by_handle(job).replace(job, jobs, lease_token=lease_token)
-
-    def details(self, handle: str) -> JobDetails:
-        return self._by_handle(handle).details(handle)
-
-    def redrive(self, handle: str) -> None:
-        self._by_handle(handle).redrive(handle)
-
-    def transaction(self, shard: int = 0) -> AbstractContextManager[Transaction]:
-        if (
-            isinstance(shard, bool)
-            or not isinstance(shard, int)
-            or not 0 <= shard < len(self.shards)
-        ):
-            raise InvalidArgument(f"shard must be 0..{len(self.shards) - 1}, got {shard!r}")
-        return self.shards[shard].transaction()
-
-    def migrate(self) -> list[str]:
-        return [f"shard {i}: {m}" for i, s in enumerate(self.shards) for m in s.migrate()]
-
-    def gc(self, *, older_than: float | None = None) -> int:
-        return sum(s.gc(older_than=older_than) for s in self.shards)
-
-    def stats(self, *, window: float = 60.0) -> list[dict[str, Any]]:
-        merged: dict[str, dict[str, Any]] = {}
-        for s in self.shards:
-            for row in s.stats(window=window):
-                m = merged.setdefault(
-                    row["type"],
-                    {
-                        **row,
-                        "ready": 0,
-                        "scheduled": 0,
-                        "staged": 0,
-                        "running": 0,
-                        "expired": 0,
-                        "done": 0,
-                        "failed": 0,
-                        "done_per_s": 0.0,
-                        "oldest_ready_age_s": None,
-                    },
-                )
-                for k in (
-                    "ready",
-                    "scheduled",
-                    "staged",
-                    "running",
-                    "done",
-                    "failed",
-                    "done_per_s",
-                ):
-                    m[k] += row[k]
-                ages = [
-                    a for a in (m["oldest_ready_age_s"], row["oldest_ready_age_s"]) if a is not None
-                ]
-                m["oldest_ready_age_s"] = max(ages) if ages else None
-        return [merged[k] for k in sorted(merged)]
-
-    def wait_for_jobs(self, timeout: float) -> bool:
-        """Wake on an announcement from any shard (polled every 10 ms across shards)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            if any(s.wait_for_jobs(0) for s in self.shards):
-                return True
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            if self.shards[0].wait_for_jobs(min(0.01, remaining)):
-                return True
-
-    def wakeup(self, *, min_poll: float = 0.002, max_poll: float = 0.1) -> Wakeup:
-        """Wakes on new jobs of any shard."""
-        return AnyWakeup([s.wakeup(min_poll=min_poll, max_poll=max_poll) for s in self.shards])
-
-    def idle_wakeup(
-        self,
-        *,
-        min_poll: float = 0.002,
-        max_poll: float = 0.1,
-        idle_wait: float = 0.5,
-        channel: str | None = None,
-    ) -> IdleWakeup:
-        """One channel, registered on every shard (see ``Database.idle_wakeup``)."""
-        channel = channel or f"homing_jobs_w_{secrets.token_hex(6)}"
-        waits = [
-            s.idle_wakeup(
-                min_poll=min_poll, max_poll=max_poll, idle_wait=idle_wait, channel=channel
-            )
-            for s in self.shards
-        ]
-        return IdleWakeup(channel, AnyWakeup(waits))
-
-    def forget_idle(self, channel: str) -> None:
-        for s in self.shards:
-            s.forget_idle(channel)
-
-    def close(self) -> None:
-        for s in self.shards:
-            s.close()
-
-    def __enter__(self) -> ShardedDatabase:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
 def connect(
     url: str | Sequence[str],
     *,
@@ -659,6 +387,7 @@ def connect(
     retention: float = DEFAULT_RETENTION_S,
     migrate: bool = True,
     pool_size: int | None = None,
+    previous_shards: int | None = None,
 ) -> Database | ShardedDatabase:
     """Open a homing store.
 
@@ -667,6 +396,8 @@ def connect(
     or a list of PostgreSQL URLs for a sharded store. ``durable=False`` trades the last
     commits on power loss for speed (SQLite ``synchronous=OFF``, PostgreSQL
     ``synchronous_commit=off``). Pending migrations are applied unless ``migrate=False``.
+    ``previous_shards``: after appending shard URLs, the shard count before, while keys
+    placed then may still live on their old shard (docs/jobs.md, "Adding a shard").
     """
     if (
         isinstance(max_args_bytes, bool)
@@ -679,29 +410,21 @@ def connect(
         urls = list(url)
         if not urls:
             raise ConfigurationError("connect() got an empty list of URLs")
-        if len(urls) == 1:
+        if len(urls) == 1 and previous_shards is None:
             url = urls[0]
         else:
-            dbs = []
-            try:
-                for i, u in enumerate(urls):
-                    store = open_store(u, clock=clock, durable=durable, pool_size=pool_size)
-                    if not store.capabilities.concurrent_writers:  # a single-writer file
-                        store.close()
-                        raise ConfigurationError(
-                            f"shards must be PostgreSQL databases; {u!r} is not"
-                        )
-                    db = Database(
-                        store, shard=i, max_args_bytes=max_args_bytes, retention=retention
-                    )
-                    dbs.append(db)
-                    if migrate:
-                        db.migrate()
-            except BaseException:
-                for db in dbs:
-                    db.close()
-                raise
-            return ShardedDatabase(dbs)
+            from homing.sharding import open_sharded
+
+            return open_sharded(
+                urls,
+                migrate=migrate,
+                previous_shards=previous_shards,
+                clock=clock,
+                durable=durable,
+                pool_size=pool_size,
+                max_args_bytes=max_args_bytes,
+                retention=retention,
+            )
     if not isinstance(url, str):
         raise ConfigurationError(f"connect() takes a URL string or a list of them, got {url!r}")
     store = open_store(url, clock=clock, durable=durable, pool_size=pool_size)
@@ -713,3 +436,7 @@ def connect(
             db.close()
             raise
     return db
+
+
+# At the end: the sharded store builds on Database and Transaction defined above.
+from homing.sharding.database import ShardedDatabase  # noqa: E402

@@ -3,10 +3,12 @@
 HomingError
  +-- ConfigurationError      bad URL, missing driver, unsupported option
  +-- StoreUnavailable        the database cannot be reached
+ |    +-- StoreUnreachable   no connection could be had: nothing was sent
  +-- SchemaError             the database schema is newer than this homing, or broken
  +-- InvalidArgument (ValueError)
  |    +-- PayloadTooLarge
  |    +-- InvalidFilter      a malformed ``where=`` search
+ |    +-- CrossShardWrite    a write that would span shards of a sharded store
  +-- NotFound (LookupError)
  |    +-- JobNotFound
  +-- StaleLease              the lease token no longer holds the job (fencing)
@@ -29,6 +31,11 @@ class StoreUnavailable(HomingError):
     """The database could not be reached or refused the connection."""
 
 
+class StoreUnreachable(StoreUnavailable):
+    """No connection to the database could be had (refused, timed out, or the shard is
+    marked down): the operation was not sent, so it may safely go elsewhere or be retried."""
+
+
 class SchemaError(HomingError):
     """The database schema does not match what this version of homing knows."""
 
@@ -43,6 +50,11 @@ class PayloadTooLarge(InvalidArgument):
 
 class InvalidFilter(InvalidArgument):
     """A ``where=`` search filter is malformed; nothing was grabbed."""
+
+
+class CrossShardWrite(InvalidArgument):
+    """A write inside one shard's transaction names a job or unique key that lives on
+    another shard: a transaction spans one shard, so nothing was changed."""
 
 
 class NotFound(HomingError, LookupError):

@@ -15,7 +15,7 @@ import json
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -117,6 +117,8 @@ class Sender:
         self.db = db
         self.absurd_after = float(absurd_after)
         self.max_body = max_body
+        #: makes message ids; a sharded sender sets it so each id is owned by this shard
+        self.new_id: Callable[[], str] = ids.uuid7
         self.dispatcher: Dispatcher | None = None
         if dispatch:
             self.dispatcher = Dispatcher(
@@ -243,7 +245,7 @@ class Sender:
             )
         now = self.db.clock.now()
         return q.NewOutgoing(
-            id=ids.uuid7(),
+            id=self.new_id(),
             kind=kind,
             method=verb,
             url=url,

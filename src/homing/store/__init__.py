@@ -16,7 +16,10 @@ def open_store(
     clock: Clock | None = None,
     durable: bool | None = None,
     pool_size: int | None = None,
+    **postgres: object,
 ) -> Store:
+    """Open a store by URL. ``postgres``: ``PostgresStore`` options (``connect_timeout``,
+    ``pool_timeout``, ``lazy``), used by sharded stores; ignored for SQLite."""
     scheme = split_url(url)[0]
     if scheme == "sqlite":
         from homing.store.sqlite import SQLiteStore
@@ -25,7 +28,13 @@ def open_store(
     if scheme in ("postgresql", "postgres"):
         from homing.store.postgres import PostgresStore
 
-        return PostgresStore(url, clock=clock, durable=durable, pool_size=pool_size)
+        return PostgresStore(
+            url,
+            clock=clock,
+            durable=durable,
+            pool_size=pool_size,
+            **postgres,  # type: ignore[arg-type]
+        )
     raise ConfigurationError(
         f"unknown store URL scheme {scheme!r} in {url!r}; use sqlite:///file.db or postgresql://..."
     )

@@ -287,8 +287,9 @@ def grab_jobs(
     )
     rows = tx.sql.grab(tx, request, _COLS)
     if marks is not None:
-        taken = sum(1 for r in rows if r[-5] == "running")
-        marks.advance(key, now, low, filled=taken >= limit)
+        # filled by any rows (ready ones too): then an expired lease may have lost its place
+        # to a ready job of the same priority, so the mark must not pass it
+        marks.advance(key, now, low, filled=len(rows) >= limit)
     if len(rows) < limit:
         rows += tx.sql.grab_staged(tx, replace(request, limit=limit - len(rows)), _COLS)
     n = len(JOB_COLUMNS)

@@ -11,7 +11,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from homing.clock import Clock, SystemClock
-from homing.errors import ConfigurationError, StoreUnavailable
+from homing.errors import ConfigurationError, StoreUnavailable, StoreUnreachable
 from homing.store._common import TxSlot, parse_bool, split_url
 from homing.store.postgres_sql import PostgresSql
 from homing.store.protocol import Capabilities, Dialect, Tx, Wakeup
@@ -118,10 +118,27 @@ class PostgresStore:
         clock: Clock | None = None,
         durable: bool | None = None,
         pool_size: int | None = None,
-        connect_timeout: float = 10.0,
+        connect_timeout: float | None = None,
+        pool_timeout: float = 60.0,
+        lazy: bool = False,
     ) -> None:
+        """``connect_timeout``: seconds to wait for the server at open (and, when given, libpq's
+        own ``connect_timeout`` for every new connection); the URL's ``connect_timeout_s``
+        overrides it. ``pool_timeout``: seconds a caller waits for a pooled connection.
+        ``lazy``: do not fail when the server is down now; the pool connects in the
+        background and calls fail fast (``StoreUnreachable``) until it is back."""
         self.url = url
         self.conninfo, own = parse_postgres_url(url)
+        if "connect_timeout_s" in own:
+            connect_timeout = float(own["connect_timeout_s"])
+        if connect_timeout is not None:
+            params = psycopg.conninfo.conninfo_to_dict(self.conninfo)
+            if "connect_timeout" not in params:  # libpq takes whole seconds, at least 2
+                self.conninfo = psycopg.conninfo.make_conninfo(
+                    self.conninfo, connect_timeout=str(max(2, round(connect_timeout)))
+                )
+        open_timeout = 10.0 if connect_timeout is None else connect_timeout
+        self.pool_timeout = pool_timeout
         self.schema = own.get("schema")
         if durable is None:
             durable = parse_bool("durable", own.get("durable", "true"))
@@ -151,24 +168,35 @@ class PostgresStore:
             open=False,
             name=f"homing-{id(self)}",
         )
+        self._schema_ready = not self.schema
+        self._schema_lock = threading.Lock()
+        if lazy:
+            self.pool.open(wait=False)
+            return
         try:
-            self.pool.open(wait=True, timeout=connect_timeout)
+            self.pool.open(wait=True, timeout=open_timeout)
         except PoolTimeout as exc:
             self.pool.close()
-            raise StoreUnavailable(
-                f"cannot connect to PostgreSQL at {_redact(self.conninfo)} within {connect_timeout:g}s; "
+            raise StoreUnreachable(
+                f"cannot connect to PostgreSQL at {_redact(self.conninfo)} within {open_timeout:g}s; "
                 "is the server running and the URL right? (pg_isready -h HOST -p PORT)"
             ) from exc
-        if self.schema:
-            with self.pool.connection() as conn:
-                try:
-                    conn.execute(
-                        pgsql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
-                            pgsql.Identifier(self.schema)
-                        )
+        with self._connection():
+            pass  # creates the schema
+
+    def _ensure_schema(self, conn: Any) -> None:
+        with self._schema_lock:
+            if self._schema_ready:
+                return
+            try:
+                conn.execute(
+                    pgsql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
+                        pgsql.Identifier(self.schema or "")
                     )
-                except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateSchema):
-                    pass  # another process created it at the same moment (IF NOT EXISTS races)
+                )
+            except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateSchema):
+                pass  # another process created it at the same moment (IF NOT EXISTS races)
+            self._schema_ready = True
 
     def in_transaction(self) -> Tx | None:
         return self._slot.get()
@@ -202,15 +230,29 @@ class PostgresStore:
 
     @contextmanager
     def _connection(self) -> Iterator[Any]:
-        """A pooled connection; an exhausted pool is ``StoreUnavailable``, not a hang."""
+        """A pooled connection; an exhausted pool or a server that cannot be reached is
+        ``StoreUnreachable`` (nothing was sent), a connection lost while in use is
+        ``StoreUnavailable`` (the outcome of the statement is unknown): never a driver error."""
         try:
-            with self.pool.connection(timeout=60) as conn:
-                yield conn
+            with self.pool.connection(timeout=self.pool_timeout) as conn:
+                try:
+                    if not self._schema_ready:
+                        self._ensure_schema(conn)
+                    yield conn
+                except psycopg.OperationalError as exc:
+                    if not (conn.broken or _connection_lost(exc)):
+                        raise
+                    raise StoreUnavailable(
+                        f"lost the connection to PostgreSQL at {_redact(self.conninfo)} "
+                        f"({str(exc).strip() or type(exc).__name__}); the last statement may or "
+                        "may not have committed"
+                    ) from exc
         except PoolClosed as exc:
             raise StoreUnavailable(f"store {_redact(self.conninfo)} was closed") from exc
         except PoolTimeout as exc:
-            raise StoreUnavailable(
-                f"no PostgreSQL connection free within 60s ({_redact(self.conninfo)})"
+            raise StoreUnreachable(
+                f"no PostgreSQL connection within {self.pool_timeout:g}s "
+                f"({_redact(self.conninfo)}): the server is down or every connection is busy"
             ) from exc
 
     def migrate(self) -> list[str]:
@@ -245,6 +287,12 @@ class PostgresStore:
         for listener in self._listeners.values():
             listener.stop()
         self.pool.close()
+
+
+def _connection_lost(exc: BaseException) -> bool:
+    """Class 08 (connection exception) and 57P01-3 (the server shut down or restarted)."""
+    state = getattr(exc, "sqlstate", None)
+    return state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03")
 
 
 def _redact(conninfo: str) -> str:

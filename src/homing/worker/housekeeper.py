@@ -24,7 +24,7 @@ def keep_tidy(w: Worker) -> None:
     while not w._stopped.wait(delay):
         delay = w.gc_every
         try:
-            stores = w.db.shards if isinstance(w.db, ShardedDatabase) else [w.db]
+            stores = w.db.live_shards() if isinstance(w.db, ShardedDatabase) else [w.db]
             deleted: dict[str, int] = {}
             for db in stores:
                 for table, n in collect(db).items():

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-from homing.errors import SchemaError
+from homing.errors import SchemaError, StoreUnavailable
 from homing.store.protocol import Store
 
 COMPONENTS = ("jobs", "engine", "http", "messenger", "sessions", "spark")
@@ -64,6 +64,8 @@ def _up_to_date(store: Store) -> bool:
             rows = tx.query(
                 "SELECT component, MAX(version) FROM homing_migrations GROUP BY component"
             )
+    except StoreUnavailable:  # no server: say so now, not after a second wait
+        raise
     except Exception:  # the ledger table does not exist yet, or similar
         return False
     have = {str(c): int(v) for c, v in rows}
