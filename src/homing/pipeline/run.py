@@ -52,6 +52,7 @@ class PipelineConfig:
     run_id: str = ""
     timeout: float = 1800.0
     progress: bool = True
+    kill_executor: bool = False  # SIGKILL one executor JVM while a replace is staging
 
 
 @dataclass
@@ -64,6 +65,7 @@ class Report:
     deliveries: dict[str, Any] = field(default_factory=dict)
     checks: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
+    spark: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -78,6 +80,7 @@ class Report:
             "stages": self.stages,
             "deliveries": self.deliveries,
             "checks": self.checks,
+            "spark": self.spark,
             "seconds": round(self.seconds, 2),
         }
 
@@ -112,7 +115,10 @@ def java_missing() -> str | None:
     )
 
 
-def spark_session(master: str) -> Any:
+def spark_session(master: str, *, hold_first_write_ms: int = 0) -> Any:
+    """A SparkSession for the pipeline. ``hold_first_write_ms``: each executor Python
+    worker's first write task waits that long after staging its rows (a failpoint), so that
+    ``--kill-executor`` lands between the tasks' writes and the driver's commit."""
     problem = java_missing()
     if problem:
         raise ConfigurationError(problem)
@@ -120,15 +126,25 @@ def spark_session(master: str) -> Any:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    spark = (
+    builder = (
         SparkSession.builder.master(master)
         .appName("homing-pipeline")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")  # rich draws the progress
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.driver.memory", "1g")
-        .getOrCreate()
     )
+    if master.startswith(("spark://127.0.0.1:", "spark://localhost:")):
+        # a cluster on this host: executors must reach the driver on the loopback address
+        builder = builder.config("spark.driver.host", "127.0.0.1").config(
+            "spark.driver.bindAddress", "127.0.0.1"
+        )
+    if hold_first_write_ms:
+        builder = builder.config(
+            "spark.executorEnv.HOMING_FAILPOINTS",
+            f"spark.write.task_done=1*sleep({int(hold_first_write_ms)})",
+        )
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
@@ -279,6 +295,12 @@ def run_pipeline(cfg: PipelineConfig, *, spark: Any = None, console: Any = None)
     console = console or Console()
     if cfg.events < 1 or cfg.subscribers < 1:
         raise ConfigurationError("--events and --subscribers must be at least 1")
+    killing = cfg.kill_executor
+    if killing and (cfg.master == "local" or cfg.master.startswith("local[")):
+        raise ConfigurationError(
+            "--kill-executor needs executors in JVMs of their own: a spark:// master "
+            "(make run-cluster) or local-cluster[N,C,MB], not " + repr(cfg.master)
+        )
     run = cfg.run_id or uuid.uuid4().hex[:12]
     data_dir = cfg.data_dir.resolve()
     work = data_dir / f"run-{run}"
@@ -329,14 +351,22 @@ def run_pipeline(cfg: PipelineConfig, *, spark: Any = None, console: Any = None)
                 for i in range(cfg.events)
             ]
         )
+        from homing.pipeline.cluster import HOLD_MS, start_executor_killer
+
         if spark is None:
             console.print(f"[dim]starting Spark ({cfg.master}) ...[/dim]")
-            spark = spark_session(cfg.master)
+            spark = spark_session(cfg.master, hold_first_write_ms=HOLD_MS if killing else 0)
         register(spark)
         check_session(spark, url)
-        report.stages, report.deliveries = _drive(
-            cfg, spark, db, hooks, run, subscriptions, subscribers, expected, fleet, console
-        )
+        killer = start_executor_killer(spark, db) if killing else None
+        try:
+            report.stages, report.deliveries = _drive(
+                cfg, spark, db, hooks, run, subscriptions, subscribers, expected, fleet, console
+            )
+        finally:
+            if killer is not None:
+                killer.stop()
+                report.spark = killer.report()
     finally:
         fleet.stop()
         for proc in sinks:
@@ -595,6 +625,12 @@ def print_report(report: Report, console: Any) -> None:
         f"outbox: {dv['outbox']}; workers killed: {dv['workers_killed']}; "
         f"left unfinished: {ck['left_unfinished']}"
     )
+    if d["spark"]:
+        sp = d["spark"]
+        console.print(
+            f"Spark executors killed (SIGKILL, during a replace): {sp['executors_killed']} "
+            f"(pids {sp['pids']}, {sp['staged_batches_at_kill']} staged batch(es) uncommitted)"
+        )
     console.print(
         f"lost = {ck['lost']}, duplicated = {ck['duplicated']}, unexpected = {ck['unexpected']}"
         f"  -> {verdict}   total {d['seconds']:.1f}s"
