@@ -234,8 +234,11 @@ class ExecutorKiller:
     def _pending(self) -> int:
         from homing.store import spark_queries as sq
 
-        with self.db.store.transaction(write=False) as tx:
-            return sq.staged_unpublished(tx, self.since)
+        total = 0
+        for shard in getattr(self.db, "shards", [self.db]):
+            with shard.store.transaction(write=False) as tx:
+                total += sq.staged_unpublished(tx, self.since)
+        return total
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -152,14 +152,22 @@ def spark_session(master: str, *, hold_first_write_ms: int = 0) -> Any:
 class Fleet:
     """The delivery worker processes; kills some with SIGKILL and replaces them."""
 
-    def __init__(self, cfg: PipelineConfig, smtp_port: int, http_port: int, logs: Path) -> None:
+    def __init__(
+        self,
+        cfg: PipelineConfig,
+        smtp_port: int,
+        http_port: int,
+        logs: Path,
+        shards: list[str] | None = None,
+    ) -> None:
         self.cfg = cfg
+        # On a sharded store each worker serves one shard (its jobs, and the outbox rows
+        # their transactions wrote there): at least one worker per shard.
+        self.shards = shards or [cfg.db]
         self.args = [
             sys.executable,
             "-m",
             "homing.pipeline.deliver",
-            "--db",
-            cfg.db,
             "--smtp-port",
             str(smtp_port),
             "--http-port",
@@ -177,19 +185,25 @@ class Fleet:
         ]
         self.logs = logs
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.serves: dict[subprocess.Popen[bytes], str] = {}
         self.killed = 0
         self.started = 0
 
-    def spawn(self) -> None:
+    def spawn(self, shard: str | None = None) -> None:
+        if shard is None:  # the first shard with the fewest workers
+            serving = [self.serves[p] for p in self.procs]
+            shard = min(self.shards, key=serving.count)
         log = (self.logs / f"worker-{self.started}.log").open("ab")
-        self.procs.append(
-            subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, env=_child_env())
+        proc = subprocess.Popen(
+            [*self.args, "--db", shard], stdout=log, stderr=subprocess.STDOUT, env=_child_env()
         )
+        self.procs.append(proc)
+        self.serves[proc] = shard
         self.started += 1
 
     def start(self) -> None:
-        for _ in range(self.cfg.workers):
-            self.spawn()
+        for i in range(max(self.cfg.workers, len(self.shards))):
+            self.spawn(self.shards[i % len(self.shards)])
 
     def kill_one(self) -> None:
         alive = [p for p in self.procs if p.poll() is None]
@@ -200,13 +214,13 @@ class Fleet:
         victim.wait()
         self.procs.remove(victim)
         self.killed += 1
-        self.spawn()
+        self.spawn(self.serves.pop(victim))
 
     def respawn_dead(self) -> int:
         dead = [p for p in self.procs if p.poll() is not None]
         for p in dead:
             self.procs.remove(p)
-            self.spawn()
+            self.spawn(self.serves.pop(p))
         return len(dead)
 
     def stop(self) -> None:
@@ -269,19 +283,35 @@ def _read_receipts(logs: list[Path], hooks: Database, run: str) -> dict[str, Any
     }
 
 
-def _http_state(db: Database, hooks: Database) -> tuple[dict[str, int], dict[str, int]]:
-    """(sender's outbox, receiver's inbox) message counts by state."""
-    with db.store.transaction(write=False) as tx:
-        outbox = hq.outbox_counts(tx)
+def _shards(db: Database | ShardedDatabase) -> list[Database]:
+    return list(db.shards) if isinstance(db, ShardedDatabase) else [db]
+
+
+def _add(total: dict[Any, int], part: dict[Any, int]) -> dict[Any, int]:
+    for k, v in part.items():
+        total[k] = total.get(k, 0) + v
+    return total
+
+
+def _http_state(
+    db: Database | ShardedDatabase, hooks: Database
+) -> tuple[dict[str, int], dict[str, int]]:
+    """(sender's outbox over every shard, receiver's inbox) message counts by state."""
+    outbox: dict[str, int] = {}
+    for shard in _shards(db):
+        with shard.store.transaction(write=False) as tx:
+            _add(outbox, hq.outbox_counts(tx))
     with hooks.store.transaction(write=False) as tx:
         inbox = hq.inbox_counts(tx)
     return outbox, inbox
 
 
 def _counts(db: Database | ShardedDatabase, run: str) -> dict[tuple[str, str], int]:
-    assert isinstance(db, Database)
-    with db.store.transaction(write=False) as tx:
-        return sq.run_counts(tx, run)
+    out: dict[tuple[str, str], int] = {}
+    for shard in _shards(db):
+        with shard.store.transaction(write=False) as tx:
+            _add(out, sq.run_counts(tx, run))
+    return out
 
 
 def _stats(db: Database | ShardedDatabase) -> dict[str, dict[str, Any]]:
@@ -311,9 +341,7 @@ def run_pipeline(cfg: PipelineConfig, *, spark: Any = None, console: Any = None)
     cfg.db = url
 
     t0 = time.monotonic()
-    db = connect(url)
-    if not isinstance(db, Database):
-        raise ConfigurationError("the pipeline runs on one store, not a sharded one")
+    db = connect(url.split(",") if "," in url else url)
     subscriptions, subscribers, expected = data.write_tables(data_dir, cfg.events, cfg.subscribers)
     report = Report(run=run, db=url, master=cfg.master, expected=expected)
 
@@ -335,7 +363,7 @@ def run_pipeline(cfg: PipelineConfig, *, spark: Any = None, console: Any = None)
         receiver("smtp", logs[0], smtp_port),
         receiver("hooks", logs[1], http_port, "--hooks-db", hooks.url),
     ]
-    fleet = Fleet(cfg, smtp_port, http_port, work)
+    fleet = Fleet(cfg, smtp_port, http_port, work, [s.url for s in _shards(db)])
     own_spark = spark is None
     try:
         _wait_port(smtp_port, sinks[0])
@@ -408,7 +436,7 @@ def _delivery_figures(rec: dict[str, Any], work: Path) -> dict[str, Any]:
 def _drive(
     cfg: PipelineConfig,
     spark: Any,
-    db: Database,
+    db: Database | ShardedDatabase,
     hooks: Database,
     run: str,
     subscriptions: Path,
@@ -542,14 +570,20 @@ def _drive(
 
 
 def _check(
-    db: Database, hooks: Database, run: str, expected: data.Expected, rec: dict[str, Any]
+    db: Database | ShardedDatabase,
+    hooks: Database,
+    run: str,
+    expected: data.Expected,
+    rec: dict[str, Any],
 ) -> dict[str, Any]:
     """lost / duplicated / unexpected against the store and the receivers' records."""
     counts = _counts(db, run)
     with hooks.store.transaction(write=False) as tx:
         inbox = hq.inbox_counts(tx)
-    with db.store.transaction(write=False) as tx:
-        notes = sq.run_jobs(tx, run, NOTIFICATION)
+    notes: list[tuple[str, str, int]] = []
+    for shard in _shards(db):
+        with shard.store.transaction(write=False) as tx:
+            notes += sq.run_jobs(tx, run, NOTIFICATION)
     done = {i for i, s, _ in notes if s == "done"}
     failed = {i for i, s, _ in notes if s == "failed"}
     attempts = sum(a for _, _, a in notes)
