@@ -154,8 +154,8 @@ class StandaloneCluster:
                 seen = sum(1 for w in workers if w.get("state") == "ALIVE")
                 if seen >= self.workers:
                     return
-            except OSError:
-                pass  # the master's web UI is not up yet
+            except (OSError, ValueError):
+                pass  # the master's web UI is not up yet, or answered before it was ready
             time.sleep(0.3)
         raise HomingError(
             f"{seen} of {self.workers} Spark workers registered with {self.url} within "
