@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -57,55 +54,6 @@ def test_pipeline_small_scale_exactly_once(spark: Any, store_url: str, tmp_path:
     assert report.deliveries["duplicates_suppressed"] >= report.deliveries["acks_lost"]
     assert report.stages[1]["commits"] >= 3
     assert report.ok
-
-
-@pytest.mark.slow
-def test_pipeline_on_local_cluster(tmp_path: Path) -> None:
-    """Separate executor JVMs: nothing may depend on sharing the driver's process.
-
-    Marked slow: starting two executor JVMs and their Python workers takes 1-9 minutes
-    on a loaded 2-core machine (see docs/pipeline.md)."""
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
-    env["PYTHONPATH"] = str(HERE.parent / "src") + os.pathsep + env.get("PYTHONPATH", "")
-    db = f"sqlite:///{tmp_path / 'cluster.db'}"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "homing",
-            "--db",
-            db,
-            "pipeline",
-            "run",
-            "--master",
-            "local-cluster[2,1,1024]",
-            "--events",
-            "2",
-            "--subscribers",
-            "15",
-            "--workers",
-            "1",
-            "--kills",
-            "1",
-            "--lock-for",
-            "2",
-            "--data-dir",
-            str(tmp_path / "data"),
-            "--timeout",
-            "300",
-            "--json",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    report = json.loads(result.stdout[result.stdout.index("{\n") :])
-    assert report["master"] == "local-cluster[2,1,1024]"
-    assert report["checks"]["ok"] and report["checks"]["lost"] == 0
-    assert report["checks"]["duplicated"] == 0
 
 
 def test_sqlite_with_a_cluster_master_is_refused(tmp_path: Path) -> None:

@@ -49,6 +49,12 @@ def pipeline() -> None:
     show_default=True,
     help="Fail the run if deliveries are not done this many seconds after the Spark stages.",
 )
+@click.option(
+    "--kill-executor",
+    is_flag=True,
+    help="SIGKILL one Spark executor JVM while a replace is between its tasks' writes and "
+    "its commit (needs a spark:// or local-cluster master).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON too.")
 @click.pass_context
 def run(
@@ -65,6 +71,7 @@ def run(
     chunk: int,
     data_dir: Path,
     timeout: float,
+    kill_executor: bool,
     as_json: bool,
 ) -> None:
     """Run the pipeline once on --db (default: a SQLite file here) and check it."""
@@ -88,6 +95,7 @@ def run(
         chunk=chunk,
         data_dir=data_dir,
         timeout=timeout,
+        kill_executor=kill_executor,
     )
     report = run_pipeline(cfg, console=console)
     print_report(report, console)

@@ -52,6 +52,7 @@ class PipelineConfig:
     run_id: str = ""
     timeout: float = 1800.0
     progress: bool = True
+    kill_executor: bool = False  # SIGKILL one executor JVM while a replace is staging
 
 
 @dataclass
@@ -64,6 +65,7 @@ class Report:
     deliveries: dict[str, Any] = field(default_factory=dict)
     checks: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
+    spark: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -78,6 +80,7 @@ class Report:
             "stages": self.stages,
             "deliveries": self.deliveries,
             "checks": self.checks,
+            "spark": self.spark,
             "seconds": round(self.seconds, 2),
         }
 
@@ -112,7 +115,10 @@ def java_missing() -> str | None:
     )
 
 
-def spark_session(master: str) -> Any:
+def spark_session(master: str, *, hold_first_write_ms: int = 0) -> Any:
+    """A SparkSession for the pipeline. ``hold_first_write_ms``: each executor Python
+    worker's first write task waits that long after staging its rows (a failpoint), so that
+    ``--kill-executor`` lands between the tasks' writes and the driver's commit."""
     problem = java_missing()
     if problem:
         raise ConfigurationError(problem)
@@ -120,15 +126,25 @@ def spark_session(master: str) -> Any:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    spark = (
+    builder = (
         SparkSession.builder.master(master)
         .appName("homing-pipeline")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")  # rich draws the progress
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.driver.memory", "1g")
-        .getOrCreate()
     )
+    if master.startswith(("spark://127.0.0.1:", "spark://localhost:")):
+        # a cluster on this host: executors must reach the driver on the loopback address
+        builder = builder.config("spark.driver.host", "127.0.0.1").config(
+            "spark.driver.bindAddress", "127.0.0.1"
+        )
+    if hold_first_write_ms:
+        builder = builder.config(
+            "spark.executorEnv.HOMING_FAILPOINTS",
+            f"spark.write.task_done=1*sleep({int(hold_first_write_ms)})",
+        )
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
@@ -136,14 +152,22 @@ def spark_session(master: str) -> Any:
 class Fleet:
     """The delivery worker processes; kills some with SIGKILL and replaces them."""
 
-    def __init__(self, cfg: PipelineConfig, smtp_port: int, http_port: int, logs: Path) -> None:
+    def __init__(
+        self,
+        cfg: PipelineConfig,
+        smtp_port: int,
+        http_port: int,
+        logs: Path,
+        shards: list[str] | None = None,
+    ) -> None:
         self.cfg = cfg
+        # On a sharded store each worker serves one shard (its jobs, and the outbox rows
+        # their transactions wrote there): at least one worker per shard.
+        self.shards = shards or [cfg.db]
         self.args = [
             sys.executable,
             "-m",
             "homing.pipeline.deliver",
-            "--db",
-            cfg.db,
             "--smtp-port",
             str(smtp_port),
             "--http-port",
@@ -161,19 +185,25 @@ class Fleet:
         ]
         self.logs = logs
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.serves: dict[subprocess.Popen[bytes], str] = {}
         self.killed = 0
         self.started = 0
 
-    def spawn(self) -> None:
+    def spawn(self, shard: str | None = None) -> None:
+        if shard is None:  # the first shard with the fewest workers
+            serving = [self.serves[p] for p in self.procs]
+            shard = min(self.shards, key=serving.count)
         log = (self.logs / f"worker-{self.started}.log").open("ab")
-        self.procs.append(
-            subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, env=_child_env())
+        proc = subprocess.Popen(
+            [*self.args, "--db", shard], stdout=log, stderr=subprocess.STDOUT, env=_child_env()
         )
+        self.procs.append(proc)
+        self.serves[proc] = shard
         self.started += 1
 
     def start(self) -> None:
-        for _ in range(self.cfg.workers):
-            self.spawn()
+        for i in range(max(self.cfg.workers, len(self.shards))):
+            self.spawn(self.shards[i % len(self.shards)])
 
     def kill_one(self) -> None:
         alive = [p for p in self.procs if p.poll() is None]
@@ -184,13 +214,13 @@ class Fleet:
         victim.wait()
         self.procs.remove(victim)
         self.killed += 1
-        self.spawn()
+        self.spawn(self.serves.pop(victim))
 
     def respawn_dead(self) -> int:
         dead = [p for p in self.procs if p.poll() is not None]
         for p in dead:
             self.procs.remove(p)
-            self.spawn()
+            self.spawn(self.serves.pop(p))
         return len(dead)
 
     def stop(self) -> None:
@@ -253,19 +283,35 @@ def _read_receipts(logs: list[Path], hooks: Database, run: str) -> dict[str, Any
     }
 
 
-def _http_state(db: Database, hooks: Database) -> tuple[dict[str, int], dict[str, int]]:
-    """(sender's outbox, receiver's inbox) message counts by state."""
-    with db.store.transaction(write=False) as tx:
-        outbox = hq.outbox_counts(tx)
+def _shards(db: Database | ShardedDatabase) -> list[Database]:
+    return list(db.shards) if isinstance(db, ShardedDatabase) else [db]
+
+
+def _add(total: dict[Any, int], part: dict[Any, int]) -> dict[Any, int]:
+    for k, v in part.items():
+        total[k] = total.get(k, 0) + v
+    return total
+
+
+def _http_state(
+    db: Database | ShardedDatabase, hooks: Database
+) -> tuple[dict[str, int], dict[str, int]]:
+    """(sender's outbox over every shard, receiver's inbox) message counts by state."""
+    outbox: dict[str, int] = {}
+    for shard in _shards(db):
+        with shard.store.transaction(write=False) as tx:
+            _add(outbox, hq.outbox_counts(tx))
     with hooks.store.transaction(write=False) as tx:
         inbox = hq.inbox_counts(tx)
     return outbox, inbox
 
 
 def _counts(db: Database | ShardedDatabase, run: str) -> dict[tuple[str, str], int]:
-    assert isinstance(db, Database)
-    with db.store.transaction(write=False) as tx:
-        return sq.run_counts(tx, run)
+    out: dict[tuple[str, str], int] = {}
+    for shard in _shards(db):
+        with shard.store.transaction(write=False) as tx:
+            _add(out, sq.run_counts(tx, run))
+    return out
 
 
 def _stats(db: Database | ShardedDatabase) -> dict[str, dict[str, Any]]:
@@ -279,6 +325,12 @@ def run_pipeline(cfg: PipelineConfig, *, spark: Any = None, console: Any = None)
     console = console or Console()
     if cfg.events < 1 or cfg.subscribers < 1:
         raise ConfigurationError("--events and --subscribers must be at least 1")
+    killing = cfg.kill_executor
+    if killing and (cfg.master == "local" or cfg.master.startswith("local[")):
+        raise ConfigurationError(
+            "--kill-executor needs executors in JVMs of their own: a spark:// master "
+            "(make run-cluster) or local-cluster[N,C,MB], not " + repr(cfg.master)
+        )
     run = cfg.run_id or uuid.uuid4().hex[:12]
     data_dir = cfg.data_dir.resolve()
     work = data_dir / f"run-{run}"
@@ -289,9 +341,7 @@ def run_pipeline(cfg: PipelineConfig, *, spark: Any = None, console: Any = None)
     cfg.db = url
 
     t0 = time.monotonic()
-    db = connect(url)
-    if not isinstance(db, Database):
-        raise ConfigurationError("the pipeline runs on one store, not a sharded one")
+    db = connect(url.split(",") if "," in url else url)
     subscriptions, subscribers, expected = data.write_tables(data_dir, cfg.events, cfg.subscribers)
     report = Report(run=run, db=url, master=cfg.master, expected=expected)
 
@@ -313,7 +363,7 @@ def run_pipeline(cfg: PipelineConfig, *, spark: Any = None, console: Any = None)
         receiver("smtp", logs[0], smtp_port),
         receiver("hooks", logs[1], http_port, "--hooks-db", hooks.url),
     ]
-    fleet = Fleet(cfg, smtp_port, http_port, work)
+    fleet = Fleet(cfg, smtp_port, http_port, work, [s.url for s in _shards(db)])
     own_spark = spark is None
     try:
         _wait_port(smtp_port, sinks[0])
@@ -329,14 +379,22 @@ def run_pipeline(cfg: PipelineConfig, *, spark: Any = None, console: Any = None)
                 for i in range(cfg.events)
             ]
         )
+        from homing.pipeline.cluster import HOLD_MS, start_executor_killer
+
         if spark is None:
             console.print(f"[dim]starting Spark ({cfg.master}) ...[/dim]")
-            spark = spark_session(cfg.master)
+            spark = spark_session(cfg.master, hold_first_write_ms=HOLD_MS if killing else 0)
         register(spark)
         check_session(spark, url)
-        report.stages, report.deliveries = _drive(
-            cfg, spark, db, hooks, run, subscriptions, subscribers, expected, fleet, console
-        )
+        killer = start_executor_killer(spark, db) if killing else None
+        try:
+            report.stages, report.deliveries = _drive(
+                cfg, spark, db, hooks, run, subscriptions, subscribers, expected, fleet, console
+            )
+        finally:
+            if killer is not None:
+                killer.stop()
+                report.spark = killer.report()
     finally:
         fleet.stop()
         for proc in sinks:
@@ -378,7 +436,7 @@ def _delivery_figures(rec: dict[str, Any], work: Path) -> dict[str, Any]:
 def _drive(
     cfg: PipelineConfig,
     spark: Any,
-    db: Database,
+    db: Database | ShardedDatabase,
     hooks: Database,
     run: str,
     subscriptions: Path,
@@ -512,14 +570,20 @@ def _drive(
 
 
 def _check(
-    db: Database, hooks: Database, run: str, expected: data.Expected, rec: dict[str, Any]
+    db: Database | ShardedDatabase,
+    hooks: Database,
+    run: str,
+    expected: data.Expected,
+    rec: dict[str, Any],
 ) -> dict[str, Any]:
     """lost / duplicated / unexpected against the store and the receivers' records."""
     counts = _counts(db, run)
     with hooks.store.transaction(write=False) as tx:
         inbox = hq.inbox_counts(tx)
-    with db.store.transaction(write=False) as tx:
-        notes = sq.run_jobs(tx, run, NOTIFICATION)
+    notes: list[tuple[str, str, int]] = []
+    for shard in _shards(db):
+        with shard.store.transaction(write=False) as tx:
+            notes += sq.run_jobs(tx, run, NOTIFICATION)
     done = {i for i, s, _ in notes if s == "done"}
     failed = {i for i, s, _ in notes if s == "failed"}
     attempts = sum(a for _, _, a in notes)
@@ -595,6 +659,12 @@ def print_report(report: Report, console: Any) -> None:
         f"outbox: {dv['outbox']}; workers killed: {dv['workers_killed']}; "
         f"left unfinished: {ck['left_unfinished']}"
     )
+    if d["spark"]:
+        sp = d["spark"]
+        console.print(
+            f"Spark executors killed (SIGKILL, during a replace): {sp['executors_killed']} "
+            f"(pids {sp['pids']}, {sp['staged_batches_at_kill']} staged batch(es) uncommitted)"
+        )
     console.print(
         f"lost = {ck['lost']}, duplicated = {ck['duplicated']}, unexpected = {ck['unexpected']}"
         f"  -> {verdict}   total {d['seconds']:.1f}s"

@@ -3,7 +3,9 @@
 FiredEvent --(join subscriptions)--> ProcessSubscription --(subscriber's channels)-->
 ProcessNotification. Each stage grabs parents with one lease token, reads exactly those
 parents as a DataFrame, computes the children and hands them to the replace writer, whose
-single driver commit completes the parents and makes the children visible.
+single driver commit completes the parents and makes the children visible. On a sharded
+store the grab holds a lease per shard, each child goes to its parent's shard, and the
+commit is one transaction per shard.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from homing.database import Database, ShardedDatabase
-from homing.spark import FORMAT, replace_with
+from homing.spark import FORMAT, lease_options, replace_jobs
 
 EVENT = "FiredEvent"
 SUBSCRIPTION = "ProcessSubscription"
@@ -30,8 +32,9 @@ class StageStats:
     seconds: float = 0.0
 
 
-def _parents(spark: Any, url: str, token: str) -> Any:
-    return spark.read.format(FORMAT).option("url", url).option("leaseToken", token).load()
+def _parents(spark: Any, url: str, jobs: list[Any]) -> Any:
+    """Exactly the jobs one grab leased (on a sharded store: each shard's lease)."""
+    return spark.read.format(FORMAT).option("url", url).options(**lease_options(jobs)).load()
 
 
 def _parallelism(spark: Any) -> int:
@@ -59,7 +62,7 @@ def fan_out_events(
         if not jobs:
             return stats
         start = time.monotonic()
-        events = _parents(spark, url, jobs[0].lease_token).select(
+        events = _parents(spark, url, jobs).select(
             F.col("id").alias("parent_id"),
             F.get_json_object("args", "$.event_id").cast("long").alias("event_id"),
             F.get_json_object("args", "$.topic").cast("int").alias("topic"),
@@ -76,11 +79,10 @@ def fan_out_events(
             )
             .repartition(_parallelism(spark))
         )
-        replace_with(
+        replace_jobs(
             children,
             url,
-            lease_token=jobs[0].lease_token,
-            parents=len(jobs),
+            jobs,
             sink=f"pipeline.{EVENT}",
             keyColumns="run,event_id,subscriber_id",
         )
@@ -110,7 +112,7 @@ def fan_out_subscriptions(
         if not jobs:
             return stats
         start = time.monotonic()
-        parents = _parents(spark, url, jobs[0].lease_token).select(
+        parents = _parents(spark, url, jobs).select(
             F.col("id").alias("parent_id"),
             F.get_json_object("args", "$.event_id").cast("long").alias("event_id"),
             F.get_json_object("args", "$.subscriber_id").cast("long").alias("subscriber_id"),
@@ -124,11 +126,10 @@ def fan_out_subscriptions(
             "email",
             F.lit(NOTIFICATION).alias("type"),
         )
-        replace_with(
+        replace_jobs(
             children,
             url,
-            lease_token=jobs[0].lease_token,
-            parents=len(jobs),
+            jobs,
             sink=f"pipeline.{SUBSCRIPTION}",
             keyColumns="run,event_id,subscriber_id,channel",
         )

@@ -26,9 +26,25 @@ from pyspark.sql.datasource import (
 )
 
 from homing.errors import ConfigurationError
-from homing.spark._common import FORMAT, check_master, derive_id, migrate_once, store_url
+from homing.spark._common import (
+    FORMAT,
+    check_master,
+    derive_id,
+    lease_options,
+    migrate_once,
+    shard_urls,
+    store_url,
+)
 
-__all__ = ["FORMAT", "HomingDataSource", "derive_id", "register", "replace_with"]
+__all__ = [
+    "FORMAT",
+    "HomingDataSource",
+    "derive_id",
+    "lease_options",
+    "register",
+    "replace_jobs",
+    "replace_with",
+]
 
 
 class HomingDataSource(DataSource):
@@ -55,7 +71,10 @@ class HomingDataSource(DataSource):
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
         from homing.spark._read import QueueStreamReader
+        from homing.spark._sharded import ShardedQueueStreamReader
 
+        if len(shard_urls(store_url(self.options))) > 1:
+            return ShardedQueueStreamReader(self.options)
         return QueueStreamReader(self.options)
 
     def writer(self, schema: Any, overwrite: bool) -> DataSourceWriter:
@@ -86,6 +105,17 @@ def register(spark: Any) -> None:
             f"this is {pyspark.__version__}: pip install 'pyspark>=4.2'"
         )
     spark.dataSource.register(HomingDataSource)
+
+
+def replace_jobs(df: Any, url: str, jobs: Any, *, sink: str = "replace", **options: str) -> None:
+    """Replace the ``jobs`` one ``grab_many`` leased (on one store or a sharded one) by the
+    rows of ``df``; each child goes to its parent's shard (its ``parent_id`` handle)."""
+    lease = lease_options(jobs)
+    check_session(df.sparkSession, url)
+    writer = df.write.format(FORMAT).mode("append").option("url", url).option("sinkId", sink)
+    for k, v in {**lease, **options}.items():
+        writer = writer.option(k, v)
+    writer.save()
 
 
 def check_session(spark: Any, url: str) -> None:

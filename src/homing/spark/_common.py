@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import threading
 import uuid
-from collections.abc import Mapping
+import zlib
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from homing.errors import ConfigurationError
@@ -47,14 +48,71 @@ def int_option(options: Mapping[str, str], name: str, default: int, minimum: int
     return value
 
 
-def store_url(options: Mapping[str, str]) -> str:
-    """The store URL with a SQLite path made absolute (executors may run elsewhere)."""
-    url = required(options, "url", "the store URL (sqlite:////abs/path.db or postgresql://...)")
+def _absolute(url: str) -> str:
     if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
         rest = url[len("sqlite:///") :]
         path, sep, query = rest.partition("?")
         url = "sqlite:///" + os.path.abspath(path) + sep + query
     return url
+
+
+def store_url(options: Mapping[str, str]) -> str:
+    """The store URL with a SQLite path made absolute (executors may run elsewhere).
+
+    A sharded store is its PostgreSQL URLs separated by commas, as for ``homing --db``."""
+    url = required(options, "url", "the store URL (sqlite:////abs/path.db or postgresql://...)")
+    urls = [_absolute(u.strip()) for u in url.split(",") if u.strip()]
+    if len(urls) > 1 and any(u.startswith("sqlite:") for u in urls):
+        raise ConfigurationError(f"shards must be PostgreSQL databases; {url!r} names SQLite")
+    return ",".join(urls)
+
+
+def shard_urls(url: str) -> list[str]:
+    """The shards of a (normalised) store URL: one for a single store."""
+    return url.split(",")
+
+
+def shard_of(handle: str, shards: int) -> tuple[int, str]:
+    """(shard, id) of a sharded handle ``"<shard>:<id>"``; an unprefixed id is placed by its
+    hash, so the same id always lands on the same shard."""
+    prefix, sep, rest = handle.partition(":")
+    if sep and prefix.isdigit():
+        if int(prefix) >= shards:
+            raise ConfigurationError(f"{handle!r} names shard {prefix}; the store has {shards}")
+        return int(prefix), rest
+    return zlib.crc32(handle.encode()) % shards, handle
+
+
+def lease_options(jobs: Sequence[Any]) -> dict[str, str]:
+    """Options naming the parents one ``grab_many`` leased, for a read (only those jobs) and
+    for ``replace_with``: ``leaseToken`` + ``parents`` on one store; on a sharded store, where
+    each shard's grab has its own token, ``leases`` = ``"shard:token:count,..."``."""
+    if not jobs:
+        raise ConfigurationError("no jobs: grab the parents first")
+    if all(j.handle == j.id for j in jobs):
+        tokens = {j.lease_token for j in jobs}
+        if len(tokens) != 1:
+            raise ConfigurationError("the jobs were leased by several grabs; replace each apart")
+        return {"leaseToken": jobs[0].lease_token, "parents": str(len(jobs))}
+    groups: dict[tuple[int, str], int] = {}
+    for j in jobs:
+        shard = int(j.handle.split(":", 1)[0])
+        groups[(shard, j.lease_token)] = groups.get((shard, j.lease_token), 0) + 1
+    return {"leases": ",".join(f"{s}:{t}:{n}" for (s, t), n in sorted(groups.items()))}
+
+
+def parse_leases(raw: str, shards: int) -> dict[int, tuple[str, int]]:
+    """``"shard:token:count,..."`` -> {shard: (token, count)} (one grab per shard)."""
+    out: dict[int, tuple[str, int]] = {}
+    for item in raw.split(","):
+        parts = item.strip().split(":")
+        if len(parts) != 3 or not parts[0].isdigit() or not parts[2].isdigit():
+            raise ConfigurationError(f"option leases: {item!r} is not shard:token:count")
+        shard = int(parts[0])
+        if shard >= shards or shard in out:
+            raise ConfigurationError(f"option leases: shard {shard} is unknown or given twice")
+        out[shard] = (parts[1], int(parts[2]))
+    return out
 
 
 def is_local_master(master: str | None) -> bool:
@@ -100,8 +158,10 @@ def store_for(url: str) -> Store:
 
 
 def migrate_once(url: str) -> None:
-    """Apply pending migrations (driver side, before any task touches the store)."""
-    store_for(url).migrate()
+    """Apply pending migrations (driver side, before any task touches the store; each
+    shard of a sharded store)."""
+    for u in shard_urls(url):
+        store_for(u).migrate()
 
 
 def derive_id(*parts: Any) -> str:

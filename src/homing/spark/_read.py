@@ -21,7 +21,9 @@ from homing.spark._common import (
     check_master,
     int_option,
     option,
+    parse_leases,
     required,
+    shard_urls,
     store_for,
     store_url,
     task_master,
@@ -105,43 +107,84 @@ def _fix_table(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
 class TablePartition(InputPartition):
     seq_lo: int
     seq_hi: int
+    shard: int = 0
+    lease_token: str | None = None
+
+
+def prefix_handles(rows: list[tuple[Any, ...]], shard: int) -> list[tuple[Any, ...]]:
+    """Sharded reads name jobs by handle ``"<shard>:<id>"`` (id and parent_id columns), as
+    ``ShardedDatabase`` does, so a child's parent_id tells the sink the parent's shard."""
+    out = []
+    for r in rows:
+        parent = r[7]
+        out.append((f"{shard}:{r[0]}", *r[1:7], f"{shard}:{parent}" if parent else None, *r[8:]))
+    return out
 
 
 class TableReader(DataSourceReader):
-    """``spark.read.format("homing")``: visible jobs of a queue (or of one lease)."""
+    """``spark.read.format("homing")``: visible jobs of a queue (or of one grab's leases).
+
+    On a sharded store: partitions per shard (split by ``seq`` within it), ids as handles."""
 
     def __init__(self, options: Mapping[str, str]) -> None:
         self.url = store_url(options)
+        self.urls = shard_urls(self.url)
         self.queue = option(options, "queue")
-        self.lease_token = option(options, "leaseToken")
+        self.leases: dict[int, tuple[str, int]] | None = None
+        token = option(options, "leaseToken")
+        raw = option(options, "leases")
+        if raw:
+            self.leases = parse_leases(raw, len(self.urls))
+        elif token:
+            if len(self.urls) > 1:
+                raise ConfigurationError(
+                    'a sharded store has a lease token per shard: use .option("leases", ...) '
+                    "(homing.spark.lease_options(jobs) builds it)"
+                )
+            self.leases = {0: (token, 0)}
         self.partitions_n = int_option(options, "numPartitions", 2)
 
-    def partitions(self) -> Sequence[InputPartition]:
-        store = store_for(self.url)
-        with store.transaction(write=False) as tx:
-            if self.lease_token:
-                n, lo, hi = sq.leased_bounds(tx, self.lease_token)
+    def _ranges(self, shard: int, token: str | None) -> list[TablePartition]:
+        with store_for(self.urls[shard]).transaction(write=False) as tx:
+            if token is not None:
+                n, lo, hi = sq.leased_bounds(tx, token)
                 lo -= 1
             else:
                 lo, hi = sq.seq_bounds(tx, self.queue)
                 lo -= 1
                 n = hi - lo
         if n <= 0 or hi <= 0:
-            return [TablePartition(0, 0)]
+            return []
         k = max(1, min(self.partitions_n, hi - lo))
         step = -(-(hi - lo) // k)
-        return [TablePartition(lo + i * step, min(hi, lo + (i + 1) * step)) for i in range(k)]
+        return [
+            TablePartition(lo + i * step, min(hi, lo + (i + 1) * step), shard, token)
+            for i in range(k)
+        ]
+
+    def partitions(self) -> Sequence[InputPartition]:
+        parts: list[TablePartition] = []
+        if self.leases is not None:
+            for shard, (token, _) in sorted(self.leases.items()):
+                parts += self._ranges(shard, token)
+        else:
+            for shard in range(len(self.urls)):
+                parts += self._ranges(shard, None)
+        return parts or [TablePartition(0, 0)]
 
     def read(self, partition: TablePartition) -> Iterator[Any]:  # type: ignore[override]
         check_master(self.url, task_master())
         if partition.seq_hi <= partition.seq_lo:
             return
-        store = store_for(self.url)
+        store = store_for(self.urls[partition.shard])
         with store.transaction(write=False) as tx:
             rows = sq.read_table(
-                tx, self.queue, partition.seq_lo, partition.seq_hi, self.lease_token
+                tx, self.queue, partition.seq_lo, partition.seq_hi, partition.lease_token
             )
-        yield from _arrow_batches(sq.TABLE_COLUMNS, _fix_table(rows), _types(sq.TABLE_COLUMNS))
+        rows = _fix_table(rows)
+        if len(self.urls) > 1:
+            rows = prefix_handles(rows, partition.shard)
+        yield from _arrow_batches(sq.TABLE_COLUMNS, rows, _types(sq.TABLE_COLUMNS))
 
 
 # -- stream ------------------------------------------------------------------------------

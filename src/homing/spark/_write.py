@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pyspark.sql.datasource import (
@@ -22,6 +22,9 @@ from homing.spark._common import (
     derive_id,
     int_option,
     option,
+    parse_leases,
+    shard_of,
+    shard_urls,
     store_for,
     store_url,
     task_master,
@@ -115,30 +118,64 @@ class RowSpec:
         return out
 
 
+def _route(jobs: list[sq.StagedJob], shards: int) -> dict[int, list[sq.StagedJob]]:
+    """Each row to its shard: a child to its parent's (from the parent's handle), a row with a
+    handle as id to that shard, any other row by the hash of its id. Ids are stored bare."""
+    out: dict[int, list[sq.StagedJob]] = {}
+    for job in jobs:
+        if job.parent_id:
+            shard, parent = shard_of(job.parent_id, shards)
+            _, job_id = shard_of(job.id, shards)
+            job = replace(job, id=job_id, parent_id=parent)
+        else:
+            shard, job_id = shard_of(job.id, shards)
+            job = replace(job, id=job_id)
+        out.setdefault(shard, []).append(job)
+    return out
+
+
 def stage(url: str, staged_batch: str, label: str, spec: RowSpec, batches: Iterator[Any]) -> int:
-    """Task side: write every row into ``staged_batch``; skip it all if already published."""
+    """Task side: write every row into ``staged_batch`` (on each shard, the rows routed
+    there); skip a shard's rows if that shard published the batch already."""
     check_master(url, task_master())
-    store = store_for(url)
-    with store.transaction() as tx:
-        published = sq.publication(tx, staged_batch) is not None
-        if not published:
-            sq.open_batch(tx, staged_batch, now=store.clock.now(), info=f"spark {label}")
-    rows = 0
-    pending: list[sq.StagedJob] = []
-    for batch in batches:
-        if published:
-            continue  # a replay of a batch that is already visible: nothing to write
-        pending += spec.jobs(batch, store.clock.now())
-        while len(pending) >= CHUNK:
-            chunk, pending = pending[:CHUNK], pending[CHUNK:]
-            with store.transaction() as tx:
-                sq.stage_jobs(tx, staged_batch, chunk, now=store.clock.now())
-            rows += len(chunk)
-            failpoint("spark.write.after_chunk")
-    if pending:
+    urls = shard_urls(url)
+    stores = [store_for(u) for u in urls]
+    published: list[bool] = []
+    for store in stores:
         with store.transaction() as tx:
-            sq.stage_jobs(tx, staged_batch, pending, now=store.clock.now())
-        rows += len(pending)
+            done = sq.publication(tx, staged_batch) is not None
+            if not done:
+                sq.open_batch(tx, staged_batch, now=store.clock.now(), info=f"spark {label}")
+        published.append(done)
+    if all(published):
+        for _ in batches:
+            pass  # a replay of a batch that is already visible everywhere: nothing to write
+        return 0
+    rows = 0
+    pending: dict[int, list[sq.StagedJob]] = {}
+
+    def flush(shard: int, chunk: list[sq.StagedJob]) -> None:
+        store = stores[shard]
+        with store.transaction() as tx:
+            sq.stage_jobs(tx, staged_batch, chunk, now=store.clock.now())
+
+    for batch in batches:
+        jobs = spec.jobs(batch, stores[0].clock.now())
+        routed = _route(jobs, len(urls)) if len(urls) > 1 else {0: jobs}
+        for shard, group in routed.items():
+            if published[shard]:
+                continue
+            queue = pending.setdefault(shard, [])
+            queue += group
+            while len(queue) >= CHUNK:
+                chunk, queue[:] = queue[:CHUNK], queue[CHUNK:]
+                flush(shard, chunk)
+                rows += len(chunk)
+                failpoint("spark.write.after_chunk")
+    for shard, queue in pending.items():
+        if queue:
+            flush(shard, queue)
+            rows += len(queue)
     failpoint("spark.write.task_done")
     return rows
 
@@ -156,17 +193,28 @@ class JobsWriter(DataSourceArrowWriter):
         self.spec = RowSpec.from_options(options, columns)
         self.sink = option(options, "sinkId", "batch") or "batch"
         self.lease_token = option(options, "leaseToken")
-        if self.lease_token:
-            self.parents = int_option(options, "parents", 0, minimum=1)
-            if not self.parents:
+        self.leases: dict[int, tuple[str, int]] = {}
+        raw = option(options, "leases")
+        if raw:
+            self.leases = parse_leases(raw, len(shard_urls(self.url)))
+        elif self.lease_token:
+            if len(shard_urls(self.url)) > 1:
+                raise ConfigurationError(
+                    'a sharded store has a lease token per shard: use .option("leases", ...) '
+                    "(homing.spark.lease_options(jobs) builds it)"
+                )
+            parents = int_option(options, "parents", 0, minimum=1)
+            if not parents:
                 raise ConfigurationError(
                     'a replace needs .option("parents", N): how many jobs the lease token holds, '
                     "so that a lost parent is detected"
                 )
-            self.label = self.lease_token
-            self.staged_batch = derive_id("replace", self.lease_token)
+            self.leases = {0: (self.lease_token, parents)}
+        if self.leases:
+            tokens = sorted(t for t, _ in self.leases.values())
+            self.label = tokens[0] if len(tokens) == 1 else derive_id("leases", *tokens)
+            self.staged_batch = derive_id("replace", *tokens)
         else:
-            self.parents = 0
             self.label = option(options, "batchLabel") or str(uuid.uuid4())
             self.staged_batch = derive_id("batch", self.sink, self.label)
 
@@ -175,30 +223,56 @@ class JobsWriter(DataSourceArrowWriter):
         return StagedMessage(self.staged_batch, self.label, rows)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        """One transaction per shard: complete that shard's parents (exactly the number
+        leased there, else ``StaleLease`` and that shard commits nothing) and publish its
+        part of the batch. Children live on their parent's shard, so each parent and its
+        children change together; a shard that published already is skipped (idempotent)."""
         failpoint("spark.commit.before")
-        store = store_for(self.url)
-        with store.transaction() as tx:
-            if sq.publication(tx, self.staged_batch) is not None:
-                return  # published by an earlier call: a doubled commit changes nothing
-            now = store.clock.now()
-            if self.lease_token:
-                done = sq.complete_leased(tx, self.lease_token, now=now)
-                if done != self.parents:
-                    raise StaleLease(
-                        f"replace refused: {self.parents} parent jobs were leased under token "
-                        f"{self.lease_token} but only {done} still are (a lease expired and "
-                        "another worker took them, or they were finished). Nothing was "
-                        "committed; grab the parents again and rerun: staged children are adopted"
-                    )
-            sq.publish(
-                tx,
-                self.staged_batch,
-                sink=self.sink,
-                label=self.label,
-                now=now,
-                parents=self.parents,
-            )
+        urls = shard_urls(self.url)
+        self._check_leases(urls)
+        for shard, url in enumerate(urls):
+            store = store_for(url)
+            with store.transaction() as tx:
+                if sq.publication(tx, self.staged_batch) is not None:
+                    continue  # published by an earlier call: a doubled commit changes nothing
+                now = store.clock.now()
+                token, parents = self.leases.get(shard, ("", 0))
+                if token:
+                    done = sq.complete_leased(tx, token, now=now)
+                    if done != parents:
+                        raise StaleLease(self._stale(shard, token, parents, done))
+                sq.publish(
+                    tx,
+                    self.staged_batch,
+                    sink=self.sink,
+                    label=self.label,
+                    now=now,
+                    parents=parents,
+                )
+            if shard < len(urls) - 1:
+                failpoint("spark.commit.between_shards")
         failpoint("spark.commit.after")
+
+    def _check_leases(self, urls: list[str]) -> None:
+        """Refuse before any shard commits if a parent is already lost anywhere."""
+        if len(urls) == 1:
+            return  # the commit's own count check is atomic on one store
+        for shard, (token, parents) in self.leases.items():
+            with store_for(urls[shard]).transaction(write=False) as tx:
+                if sq.publication(tx, self.staged_batch) is not None:
+                    continue
+                held = sq.leased_bounds(tx, token)[0]
+            if held != parents:
+                raise StaleLease(self._stale(shard, token, parents, held))
+
+    def _stale(self, shard: int, token: str, parents: int, held: int) -> str:
+        where = f" on shard {shard}" if len(shard_urls(self.url)) > 1 else ""
+        return (
+            f"replace refused: {parents} parent jobs were leased under token {token}{where} "
+            f"but only {held} still are (a lease expired and another worker took them, or "
+            "they were finished). Nothing was committed there; grab the parents again and "
+            "rerun: staged children are adopted"
+        )
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         """Leave staged rows in place: invisible, and adopted by the next run."""
@@ -228,14 +302,15 @@ class JobsStreamWriter(DataSourceStreamArrowWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         failpoint("spark.commit.before")
-        store = store_for(self.url)
         seen: dict[str, str] = {}
         for m in messages:
             if isinstance(m, StagedMessage):
                 seen[m.staged_batch] = m.label
         for staged, label in seen.items():
-            with store.transaction() as tx:
-                sq.publish(tx, staged, sink=self.sink, label=label, now=store.clock.now())
+            for url in shard_urls(self.url):  # one idempotent publication per shard
+                store = store_for(url)
+                with store.transaction() as tx:
+                    sq.publish(tx, staged, sink=self.sink, label=label, now=store.clock.now())
         failpoint("spark.commit.after")
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:

@@ -312,6 +312,18 @@ def publish(
     return True
 
 
+def staged_unpublished(tx: Tx, since: float) -> int:
+    """Spark batches opened since ``since`` that hold staged rows but are not published yet:
+    a write is between its tasks and its driver commit (the pipeline's executor kill)."""
+    row = tx.query_one(
+        "SELECT COUNT(*) FROM homing_job_batches b WHERE b.state = 'open' "
+        "AND b.created_at >= ? AND b.info LIKE 'spark %' "
+        "AND EXISTS (SELECT 1 FROM homing_jobs j WHERE j.batch_id = b.batch_id)",
+        (since,),
+    )
+    return int(row[0]) if row else 0
+
+
 def complete_leased(tx: Tx, lease_token: str, *, now: float) -> int:
     """Mark every running job held under ``lease_token`` done; returns how many."""
     return tx.rowcount(
