@@ -26,7 +26,35 @@ PLUGINS: dict[str, str] = {
     "sessions": "homing.sessions.cli:sessions",
     "pipeline": "homing.pipeline.cli:pipeline",
     "demo": "homing.demo:demo",
+    "dashboard": "homing.dashboard.cli:dashboard",
 }
+# The extra that brings a command's third-party packages, named when one is missing.
+EXTRAS: dict[str, str] = {
+    "serve": "http",
+    "http": "http",
+    "sessions": "http",
+    "messenger": "messenger",
+    "pipeline": "spark,pipeline",
+    "dashboard": "dashboard",
+}
+
+
+def _missing_extra(name: str, package: str) -> click.Command:
+    """A stand-in for a command whose extra is not installed: one clear line, exit 1."""
+
+    @click.command(
+        name=name,
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+        add_help_option=False,
+        help=f"(not installed: pip install 'homing[{EXTRAS.get(name, 'all')}]')",
+    )
+    def stub() -> None:
+        raise click.ClickException(
+            f"homing {name} needs the {package} package, which is not installed: "
+            f"pip install 'homing[{EXTRAS.get(name, 'all')}]'"
+        )
+
+    return stub
 
 
 class HomingGroup(click.Group):
@@ -49,6 +77,8 @@ class HomingGroup(click.Group):
         except ModuleNotFoundError as exc:
             if exc.name and module_name.startswith(exc.name):
                 return None  # that part is not installed / not written yet
+            if exc.name and not exc.name.startswith("homing"):
+                return _missing_extra(name, exc.name.split(".")[0])
             raise
         command = getattr(module, attr, None)
         return command if isinstance(command, click.Command) else None
