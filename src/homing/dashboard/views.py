@@ -222,7 +222,7 @@ def count_matching(src: Source, f: dq.JobFilter) -> int:
 
 def job_page(src: Source, handle: str) -> dict[str, Any]:
     shard, job_id = src.locate(handle)
-    details = shard.details(job_id)
+    details = shard.details(handle)
     with shard.store.transaction(write=False) as tx:
         links = dq.job_links(tx, job_id, limit=50)
     index = src.shards.index(shard)
@@ -242,7 +242,7 @@ def act(src: Source, handle: str, action: str, who: str) -> str:
     shard, job_id = src.locate(handle)
     now = src.now()
     if action == "redrive":
-        shard.redrive(job_id)
+        shard.redrive(handle)
     elif action in ("perm_fail", "delete"):
         with shard.store.transaction() as tx:
             if action == "perm_fail":
@@ -252,10 +252,10 @@ def act(src: Source, handle: str, action: str, who: str) -> str:
             else:
                 ok = dq.delete_job(tx, job_id)
         if not ok:
-            state = shard.details(job_id).state
+            state = shard.details(handle).state
             raise InvalidState(f"cannot {action.replace('_', '-')} job {handle}: it is {state}")
     elif action == "cancel" and hasattr(shard, "cancel"):
-        shard.cancel(job_id)
+        shard.cancel(handle)
     else:
         raise InvalidArgument(f"unknown action {action!r}")
     AUDIT.info("dashboard action=%s job=%s by=%s", action, handle, who)
