@@ -117,7 +117,9 @@ def test_actions_need_the_csrf_token_and_change_the_store(
         done = client.post(f"/jobs/{handle}/redrive", data={"csrf": token})
     assert done.status_code == 200 and "redrive: job" in done.text  # after the 303
     assert db.details(handle).state == "ready"
-    assert any("action=redrive" in r.getMessage() and handle in r.getMessage() for r in caplog.records)
+    assert any(
+        "action=redrive" in r.getMessage() and handle in r.getMessage() for r in caplog.records
+    )
 
     again = client.post(f"/jobs/{handle}/redrive", data={"csrf": token})
     assert again.status_code == 400 and "only perm-failed" in again.text
@@ -194,7 +196,9 @@ def test_read_only_and_authentication(store_url: str) -> None:
             base = dash.url.rstrip("/")
             assert httpx.get(base + "/").status_code == 401
             assert httpx.get(base + "/", auth=("admin", "wrong-horse")).status_code == 401
-            with httpx.Client(base_url=base, auth=("admin", "correct-horse"), follow_redirects=True) as client:
+            with httpx.Client(
+                base_url=base, auth=("admin", "correct-horse"), follow_redirects=True
+            ) as client:
                 page = client.get(f"/jobs/{handle}")
                 assert page.status_code == 200 and 'id="redrive"' not in page.text
                 token = client.cookies.get("homing_csrf")

@@ -49,9 +49,17 @@ def browser() -> Iterator[Any]:
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for flag in (
-        "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        "--disable-dev-shm-usage", "--window-size=1280,900", f"--user-data-dir={profile}",
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--window-size=1280,900",
+        f"--user-data-dir={profile}",
     ):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
@@ -101,7 +109,9 @@ def test_dashboard_in_chromium(browser: Any, store_url: str) -> None:
             browser.get(dash.url)
             rows = browser.find_elements(By.CSS_SELECTOR, "#types tbody tr[data-type]")
             assert {r.get_attribute("data-type") for r in rows} == {
-                "FiredEvent", "ProcessNotification"}
+                "FiredEvent",
+                "ProcessNotification",
+            }
             _shot(browser, "overview")
 
             browser.get(dash.url + "engine")

@@ -274,33 +274,36 @@ def redrive(ctx: click.Context, handle: str) -> None:
 
 
 def _print_stats(rows: list[dict[str, Any]]) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from homing._tables import print_table
 
-    table = Table(
+    states = ("ready", "scheduled", "staged", "running", "expired", "done", "failed")
+    extra = sorted({k for r in rows for k in r if isinstance(r[k], int)} - set(states))
+    headers = (
         "type",
         "ready",
-        "scheduled",
+        "sched",
         "staged",
-        "running",
+        "run",
         "expired",
         "done",
         "failed",
-        "oldest ready",
+        *extra,
+        "oldest",
         "done/s",
     )
-    for r in rows:
-        age = r["oldest_ready_age_s"]
-        table.add_row(
-            r["type"],
-            *(
-                str(r[k])
-                for k in ("ready", "scheduled", "staged", "running", "expired", "done", "failed")
-            ),
-            f"{age:.1f}s" if age is not None else "-",
-            f"{r['done_per_s']:.1f}",
-        )
-    Console().print(table)
+    print_table(
+        headers,
+        (
+            (
+                r["type"],
+                *(r.get(k, 0) for k in (*states, *extra)),
+                f"{r['oldest_ready_age_s']:.1f}s" if r["oldest_ready_age_s"] is not None else "-",
+                f"{r['done_per_s']:.1f}",
+            )
+            for r in rows
+        ),
+    )
+    click.echo("sched: scheduled for later, run: running, oldest: oldest ready job's age")
 
 
 @cli.command()

@@ -45,6 +45,7 @@ class BackgroundDashboard:
     ) -> None:
         import uvicorn
 
+        self.db = db
         self.host = host
         self.port = port or free_port(host)
         config = uvicorn.Config(
