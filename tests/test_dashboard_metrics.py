@@ -58,16 +58,31 @@ def test_worker_serves_metrics_while_it_runs(store_url: str, tmp_path: Path) -> 
         held = db.insert("hold", {})
         port = free_port()
         worker = subprocess.Popen(
-            [sys.executable, "-m", "homing", "--db", store_url, "worker", "--app",
-             f"{app}:app", "--metrics-port", str(port), "--concurrency", "2"],
+            [
+                sys.executable,
+                "-m",
+                "homing",
+                "--db",
+                store_url,
+                "worker",
+                "--app",
+                f"{app}:app",
+                "--metrics-port",
+                str(port),
+                "--concurrency",
+                "2",
+            ],
             stderr=subprocess.PIPE,
         )
         try:
             url = f"http://127.0.0.1:{port}/metrics"
-            text = _scrape_until(url, {
-                'homing_worker_jobs_total{outcome="done",type="noop"}': 3.0,
-                'homing_jobs{state="running",type="hold"}': 1.0,
-            })
+            text = _scrape_until(
+                url,
+                {
+                    'homing_worker_jobs_total{outcome="done",type="noop"}': 3.0,
+                    'homing_jobs{state="running",type="hold"}': 1.0,
+                },
+            )
             assert _value(text, 'homing_worker_job_run_seconds_count{type="noop"}') == 3.0
             assert _value(text, 'homing_worker_job_wait_seconds_count{type="noop"}') == 3.0
             assert 'homing_jobs_oldest_ready_age_seconds{type="noop"}' in text
@@ -90,8 +105,9 @@ def test_a_missing_extra_names_the_extra(tmp_path: Path) -> None:
         "import sys; sys.modules['starlette'] = None; "
         "from homing.cli import main; sys.argv = ['homing', 'serve']; main()"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60, cwd=tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
     assert done.returncode == 1
     assert "pip install 'homing[http]'" in done.stderr
     assert "Traceback" not in done.stderr
