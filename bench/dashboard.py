@@ -69,6 +69,7 @@ def time_pages(url: str) -> list[tuple[str, float]]:
                     "jobs state=failed": "/jobs?state=failed",
                     "jobs state=ready type=email": "/jobs?state=ready&type=email",
                     'jobs args {"user": 123456}': '/jobs?where={"user": 123456}',
+                    "jobs type=webhook (rare)": "/jobs?type=webhook",
                     "job page": f"/jobs/{handle}",
                     "bulk confirm (bounded count)": "/bulk/redrive?state=failed",
                     "engine": "/engine",
@@ -92,6 +93,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=1_000_000)
     ap.add_argument("--url", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    ap.add_argument("--keep", action="store_true", help="Keep the filled database (printed).")
     args = ap.parse_args()
     name = f"dash_bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(args.url, autocommit=True) as conn:
@@ -103,8 +105,11 @@ def main() -> None:
         for page, ms in time_pages(url):
             print(f"{page:34} {ms:8.1f}")
     finally:
-        with psycopg.connect(args.url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        if args.keep:
+            print(f"kept {url}")
+        else:
+            with psycopg.connect(args.url, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 if __name__ == "__main__":

@@ -217,3 +217,98 @@ def test_cli_refuses_the_network_without_auth(store_url: str) -> None:
     assert "without authentication" in result.output
     short = CliRunner().invoke(cli, ["--db", store_url, "dashboard", "--token", "short"])
     assert short.exit_code != 0 and "16 characters" in short.output
+
+
+def test_args_search_scans_bounded_windows_and_still_finds_every_match(
+    served: tuple[homing.JobAPI, httpx.Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from homing.dashboard import views
+
+    monkeypatch.setattr(views, "SCAN_WINDOW", 7)
+    db, client = served
+    handles = db.insert_many([("scan", {"hit": i % 5 == 0, "i": i}) for i in range(60)])
+    wanted = {h for i, h in enumerate(handles) if i % 5 == 0}
+    seen: list[str] = []
+    url: str | None = "/jobs?where=" + '{"hit": true}'
+    pages = 0
+    while url:
+        page = client.get(url)
+        assert page.status_code == 200 and 'id="window"' in page.text
+        seen += re.findall(r'href="/jobs/([^"?]+)" class="job-link"', page.text)
+        nxt = re.search(r'id="next" href="([^"]+)"', page.text)
+        url = nxt.group(1).replace("&amp;", "&") if nxt else None
+        pages += 1
+        assert pages < 100
+    assert len(seen) == len(wanted) and set(seen) == wanted
+
+
+def test_job_page_links_parent_and_children(served: tuple[homing.JobAPI, httpx.Client]) -> None:
+    db, client = served
+    parent = db.insert("FiredEvent", {"event": 1})
+    job = db.grab(["FiredEvent"], lock_for=30)
+    assert job is not None
+    children = db.replace(job, [("ProcessSubscription", {"n": n}) for n in range(3)])
+    page = client.get(f"/jobs/{parent}")
+    assert page.status_code == 200 and 'id="find-children"' in page.text
+    found = client.get(f"/jobs/{parent}", params={"children": "1"})
+    assert all(c in found.text for c in children)
+    child = client.get(f"/jobs/{children[0]}")
+    assert f'href="/jobs/{parent}"' in child.text
+
+
+def test_http_sessions_and_messenger_pages(store_url: str) -> None:
+    from homing.http import Sender
+    from homing.sessions import Sessions
+    from homing.store import messenger_queries as mq
+
+    with homing.connect(store_url) as db:
+        sender = Sender(db, dispatch=False)
+        try:
+            sender.enqueue("send", "http://receiver.example/orders", {"order": 1})
+            sender.enqueue("send", "http://receiver.example/orders", {"order": 2})
+        finally:
+            sender.close()
+        session = Sessions(db).open("client-7")
+        session.enqueue(session.prepare("billing", {"amount": 3}))
+        session.prepare("billing", {"amount": 4})  # A: prepared, not enqueued
+        with db.store.transaction() as tx:
+            mq.insert_dead(
+                tx,
+                "node-a",
+                mq.DeadRow(
+                    "out",
+                    "peer-b",
+                    "ch-1",
+                    42,
+                    1,
+                    2,
+                    b"{}",
+                    "gave up after 5 attempts",
+                    5,
+                    1_800_000_000.0,
+                    "on_order",
+                    ("dealer", "tcp://peer-b:5555", "peer-b"),
+                ),
+            )
+        dash = BackgroundDashboard(db).start()
+        try:
+            with httpx.Client(base_url=dash.url.rstrip("/"), timeout=30) as client:
+                http_page = client.get("/http")
+                sessions_page = client.get("/sessions")
+                messenger_page = client.get("/messenger")
+        finally:
+            dash.stop()
+    assert http_page.status_code == 200
+    row = re.search(
+        r"<td>http://receiver.example/orders</td>((?:<td[^>]*>[^<]*</td>)+)", http_page.text
+    )
+    assert row
+    cells = re.findall(r'<td class="num">([^<]*)</td>', row.group(1))
+    assert cells[0] == "2" and cells[1] == "0"  # pending, of which retrying
+    assert sessions_page.status_code == 200
+    client_row = re.search(r"<td>client-7</td>(.*?)</tr>", sessions_page.text, re.S)
+    assert client_row
+    counts = re.findall(r'<td class="num">(\d+)</td>', client_row.group(1))
+    assert counts == ["1", "1", "1", "0", "0"]  # connects, then A B C D
+    assert messenger_page.status_code == 200
+    assert "gave up after 5 attempts" in messenger_page.text and "peer-b" in messenger_page.text

@@ -120,6 +120,11 @@ def test_dashboard_in_chromium(browser: Any, store_url: str) -> None:
             assert {"orders", "billing", "$dead"} <= keys
             _shot(browser, "engine")
 
+            for path, title in (("http", "Reliable HTTP"), ("sessions", "Client sessions"),
+                                ("messenger", "Messenger (durable mode)")):
+                browser.get(dash.url + path)
+                assert browser.find_element(By.TAG_NAME, "h1").text == title
+
             browser.get(dash.url + "jobs")
             browser.find_element(By.ID, "f-state").send_keys("failed")
             browser.find_element(By.ID, "f-where").send_keys('{"channel": "webhook"}')

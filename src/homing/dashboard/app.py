@@ -26,7 +26,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from homing.dashboard import graph, views
+from homing.dashboard import graph, ops, views
 from homing.dashboard.views import Source
 from homing.database import Database, ShardedDatabase
 from homing.errors import HomingError, JobNotFound
@@ -88,6 +88,9 @@ def create_app(
         Route("/jobs/{handle:str}/{action:str}", pages.action, methods=["POST"]),
         Route("/bulk/redrive", pages.bulk, methods=["GET", "POST"]),
         Route("/engine", pages.engine),
+        Route("/http", pages.simple("http.html", ops.http_state)),
+        Route("/sessions", pages.simple("sessions.html", ops.sessions_state)),
+        Route("/messenger", pages.simple("messenger.html", ops.messenger_state)),
         Route("/health", lambda _r: PlainTextResponse("ok")),
         Mount("/static", app=StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
@@ -197,7 +200,8 @@ class _Pages:
         handle = request.path_params["handle"]
 
         async def page() -> Response:
-            data = await self._run(views.job_page, self.src, handle)
+            asked = request.query_params.get("children") == "1"
+            data = await self._run(lambda: views.job_page(self.src, handle, children=asked))
             return self._render(request, "job.html", live="job", **data)
 
         return await self._guarded(request, page)
@@ -269,6 +273,18 @@ class _Pages:
             return RedirectResponse(f"{base}/jobs?{query}", 303)
 
         return await self._guarded(request, run)
+
+    def simple(self, template: str, read: Callable[[Source], dict[str, Any]]) -> Any:
+        """A live page that shows what ``read`` returns."""
+
+        async def endpoint(request: Request) -> Response:
+            async def page() -> Response:
+                data = await self._run(read, self.src)
+                return self._render(request, template, live=template, **data)
+
+            return await self._guarded(request, page)
+
+        return endpoint
 
     async def engine(self, request: Request) -> Response:
         async def page() -> Response:

@@ -21,7 +21,8 @@ AUDIT = logging.getLogger("homing.dashboard.audit")
 
 PAGE = 50
 BULK_LIMIT = 1000  # one bulk redrive touches at most this many jobs
-COUNT_CAP = 10_000  # "how many match" counts this far and no further
+COUNT_CAP = 10_000
+SCAN_WINDOW = 100_000  # jobs (by seq) one page of an unindexed filter scans  # "how many match" counts this far and no further
 WINDOW = 3600.0
 BUCKET = 60.0
 _LIVE = ("ready", "scheduled", "staged", "running", "expired")
@@ -165,26 +166,43 @@ def parse_cursor(src: Source, cursor: str | None) -> list[str]:
     return parts
 
 
+def _windowed(f: dq.JobFilter) -> bool:
+    """Filters no index serves (an args search, a type alone) scan a bounded seq window a
+    page, so that a rare match costs a bounded scan, not the whole table."""
+    return f.where is not None or (f.type is not None and f.state is None)
+
+
 def jobs_page(src: Source, f: dq.JobFilter, cursor: str | None) -> dict[str, Any]:
     """One page of jobs, newest first across shards, and the cursor of the next page."""
     now = src.now()
     marks = parse_cursor(src, cursor)
+    windowed = _windowed(f)
     fetched: list[list[dict[str, Any]]] = []
+    floors: list[int | None] = []
     for i, shard in enumerate(src.shards):
+        floors.append(None)
         if marks[i] == "-":
             fetched.append([])
             continue
         before = None if marks[i] == "*" else int(marks[i])
         with shard.store.transaction(write=False) as tx:
-            fetched.append(dq.list_jobs(tx, f, now=now, before_seq=before, limit=PAGE + 1))
+            if windowed:
+                top = before if before is not None else dq.top_seq(tx)
+                floors[i] = max(0, top - SCAN_WINDOW)
+            fetched.append(
+                dq.list_jobs(tx, f, now=now, before_seq=before, limit=PAGE + 1, floor_seq=floors[i])
+            )
     merged = [(i, r) for i, rows in enumerate(fetched) for r in rows]
     merged.sort(key=lambda ir: (ir[1]["created_at"], ir[1]["seq"]), reverse=True)
     page = merged[:PAGE]
     nxt: list[str] = []
     for i, rows in enumerate(fetched):
         shown = [r["seq"] for s, r in page if s == i]
-        if len(shown) == len(rows):  # everything fetched was shown
-            nxt.append("-" if len(rows) <= PAGE else str(min(shown)))
+        if len(shown) == len(rows) and len(rows) <= PAGE:  # this shard's window is done
+            floor = floors[i]
+            nxt.append(str(floor) if floor else "-")
+        elif len(shown) == len(rows):
+            nxt.append(str(min(shown)))
         else:
             nxt.append(str(min(shown)) if shown else marks[i])
     jobs = []
@@ -198,7 +216,14 @@ def jobs_page(src: Source, f: dq.JobFilter, cursor: str | None) -> dict[str, Any
                 "state": _shown_state(r, now),
             }
         )
-    return {"jobs": jobs, "next": None if set(nxt) == {"-"} else ".".join(nxt), "now": now}
+    scanned = [fl for fl in floors if fl is not None]
+    return {
+        "jobs": jobs,
+        "next": None if set(nxt) == {"-"} else ".".join(nxt),
+        "now": now,
+        "window": SCAN_WINDOW if windowed else None,
+        "scanned_to": min(scanned) if scanned else None,
+    }
 
 
 def _shown_state(row: dict[str, Any], now: float) -> str:
@@ -220,11 +245,13 @@ def count_matching(src: Source, f: dq.JobFilter) -> int:
     return total
 
 
-def job_page(src: Source, handle: str) -> dict[str, Any]:
+def job_page(src: Source, handle: str, *, children: bool = False) -> dict[str, Any]:
+    """A job; its children (the jobs a replace made of it) only when asked: no index
+    serves that search, so the page does not pay for it unasked."""
     shard, job_id = src.locate(handle)
     details = shard.details(handle)
     with shard.store.transaction(write=False) as tx:
-        links = dq.job_links(tx, job_id, limit=50)
+        links = dq.job_links(tx, job_id, limit=50 if children else 0)
     index = src.shards.index(shard)
     if links["parent"]:
         links["parent"]["handle"] = src.handle(index, links["parent"]["id"])
@@ -233,7 +260,7 @@ def job_page(src: Source, handle: str) -> dict[str, Any]:
     job = asdict(details)
     job["handle"] = src.handle(index, job_id)
     job["args_json"] = json.dumps(details.args, indent=2, sort_keys=True)
-    return {"job": job, "links": links, "now": src.now()}
+    return {"job": job, "links": links, "now": src.now(), "children_asked": children}
 
 
 # -- actions -----------------------------------------------------------------------------

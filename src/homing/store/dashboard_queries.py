@@ -156,14 +156,30 @@ def throughput(
 
 
 # -- lists -------------------------------------------------------------------------------
+def top_seq(tx: Tx) -> int:
+    """One past the newest job's seq (the primary key's end: cheap)."""
+    row = tx.query_one("SELECT MAX(seq) FROM homing_jobs")
+    return int(row[0]) + 1 if row and row[0] is not None else 0
+
+
 def list_jobs(
-    tx: Tx, f: JobFilter, *, now: float, before_seq: int | None, limit: int
+    tx: Tx,
+    f: JobFilter,
+    *,
+    now: float,
+    before_seq: int | None,
+    limit: int,
+    floor_seq: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Newest first, ``limit`` rows older than ``before_seq`` (keyset pagination)."""
+    """Newest first, ``limit`` rows older than ``before_seq`` (keyset pagination), and
+    not below ``floor_seq`` (a bounded scan for filters no index serves)."""
     where, params = _filter_sql(tx, f, now)
     if before_seq is not None:
         where += " AND seq < ?"
         params.append(before_seq)
+    if floor_seq is not None:
+        where += " AND seq >= ?"
+        params.append(floor_seq)
     rows = tx.query(
         f"SELECT {', '.join(LIST_COLUMNS)} FROM homing_jobs WHERE {where} "
         "ORDER BY seq DESC LIMIT ?",
@@ -196,7 +212,8 @@ def matching_ids(tx: Tx, f: JobFilter, *, now: float, limit: int) -> list[str]:
 
 
 def job_links(tx: Tx, job_id: str, *, limit: int) -> dict[str, Any]:
-    """A job's place in a replace: its parent's id and type, and up to ``limit`` children."""
+    """A job's place in a replace: its parent's id and type, and up to ``limit`` children
+    (``limit`` 0: none looked up; no index serves that search, it reads the table)."""
     row = tx.query_one("SELECT parent_id, seq FROM homing_jobs WHERE id = ?", (job_id,))
     parent_id = row[0] if row else None
     parent = None
@@ -205,9 +222,13 @@ def job_links(tx: Tx, job_id: str, *, limit: int) -> dict[str, Any]:
         parent = {"id": parent_id, "type": p[1] if p else None, "state": p[2] if p else "gone"}
     children = [
         {"id": str(i), "type": str(t), "state": str(s)}
-        for i, t, s in tx.query(
-            "SELECT id, type, state FROM homing_jobs WHERE parent_id = ? ORDER BY seq LIMIT ?",
-            (job_id, limit),
+        for i, t, s in (
+            tx.query(
+                "SELECT id, type, state FROM homing_jobs WHERE parent_id = ? ORDER BY seq LIMIT ?",
+                (job_id, limit),
+            )
+            if limit
+            else []
         )
     ]
     return {"parent": parent, "children": children, "seq": row[1] if row else None}
