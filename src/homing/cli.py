@@ -214,6 +214,7 @@ def grab(ctx: click.Context, types: str, lock_for: float, where: str | None, as_
 @click.option(
     "--perm-fail", "perm_message", default=None, help="Perm-fail with this message instead."
 )
+@json_option
 @click.pass_context
 def complete(
     ctx: click.Context,
@@ -222,6 +223,7 @@ def complete(
     fail_message: str | None,
     retry_in: float,
     perm_message: str | None,
+    as_json: bool,
 ) -> None:
     """Complete (or --fail / --perm-fail) the job HANDLE held with --lease-token."""
     with open_db(ctx) as db:
@@ -231,7 +233,7 @@ def complete(
             db.temp_fail(handle, fail_message, retry_in=retry_in, lease_token=lease_token)
         else:
             db.complete(handle, lease_token=lease_token)
-    click.echo("ok")
+    emit({"ok": True, "handle": handle}, as_json, lambda _d: click.echo("ok"))
 
 
 def _print_details(d: Any) -> None:
@@ -265,12 +267,13 @@ def details(ctx: click.Context, handle: str, as_json: bool) -> None:
 
 @cli.command()
 @click.argument("handle")
+@json_option
 @click.pass_context
-def redrive(ctx: click.Context, handle: str) -> None:
+def redrive(ctx: click.Context, handle: str, as_json: bool) -> None:
     """Run a perm-failed job again (attempts reset, history kept)."""
     with open_db(ctx) as db:
         db.redrive(handle)
-    click.echo("ok")
+    emit({"ok": True, "handle": handle}, as_json, lambda _d: click.echo("ok"))
 
 
 def _print_stats(rows: list[dict[str, Any]]) -> None:
