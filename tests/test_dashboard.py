@@ -296,6 +296,7 @@ def test_http_sessions_and_messenger_pages(store_url: str) -> None:
                 http_page = client.get("/http")
                 sessions_page = client.get("/sessions")
                 messenger_page = client.get("/messenger")
+                metrics = client.get("/metrics").text
         finally:
             dash.stop()
     assert http_page.status_code == 200
@@ -312,3 +313,6 @@ def test_http_sessions_and_messenger_pages(store_url: str) -> None:
     assert counts == ["1", "1", "1", "0", "0"]  # connects, then A B C D
     assert messenger_page.status_code == 200
     assert "gave up after 5 attempts" in messenger_page.text and "peer-b" in messenger_page.text
+    assert 'homing_http_outbox_pending{destination="http://receiver.example/orders"} 2.0' in metrics
+    assert 'homing_http_outbox_lag_seconds{destination="http://receiver.example/orders"}' in metrics
+    assert 'homing_messenger_dead_letters{owner="node-a"} 1.0' in metrics

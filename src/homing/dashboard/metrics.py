@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from homing.dashboard import views
+from homing.dashboard import ops, views
 from homing.dashboard.views import Source
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -60,6 +60,8 @@ class StoreCollector(Collector):
         yield age
         yield recent
         yield from _engine(views.engine_state(self.src))
+        yield from _http(ops.http_state(self.src))
+        yield from _messenger(ops.messenger_state(self.src))
 
 
 def _engine(state: dict[str, Any]) -> Iterator[GaugeMetricFamily]:
@@ -85,6 +87,55 @@ def _engine(state: dict[str, Any]) -> Iterator[GaugeMetricFamily]:
         credits.add_metric([s["queue_key"], s["name"]], s["credits"])
         granted.add_metric([s["queue_key"], s["name"]], s["granted"])
     yield from (depth, discarded, credits, granted)
+
+
+def _http(state: dict[str, Any]) -> Iterator[GaugeMetricFamily]:
+    pending = GaugeMetricFamily(
+        "homing_http_outbox_pending",
+        "Outbox messages waiting for delivery, per destination",
+        labels=["destination"],
+    )
+    lag = GaugeMetricFamily(
+        "homing_http_outbox_lag_seconds",
+        "Age of the oldest undelivered outbox message",
+        labels=["destination"],
+    )
+    failed = GaugeMetricFamily(
+        "homing_http_outbox_failed", "Outbox messages that ended in failure", labels=["destination"]
+    )
+    for r in state["outbox"]:
+        dest = r["shard"] + r["url"]
+        pending.add_metric([dest], r["pending"])
+        lag.add_metric([dest], r["oldest_s"] or 0.0)
+        failed.add_metric([dest], r["failed"])
+    dead = GaugeMetricFamily(
+        "homing_http_inbox_dead_letters", "Inbox dead letters per path", labels=["path"]
+    )
+    for r in state["inbox"]:
+        dead.add_metric([r["shard"] + r["path"]], r["dead"])
+    yield from (pending, lag, failed, dead)
+
+
+def _messenger(state: dict[str, Any]) -> Iterator[GaugeMetricFamily]:
+    unacked = GaugeMetricFamily(
+        "homing_messenger_unacked",
+        "Durable messenger messages not yet acknowledged",
+        labels=["owner", "channel"],
+    )
+    for p in state["pending"]:
+        unacked.add_metric([p["shard"] + p["owner"], p["channel"]], p["unacked"])
+    dead = GaugeMetricFamily(
+        "homing_messenger_dead_letters",
+        "Durable messenger dead letters (latest ones counted)",
+        labels=["owner"],
+    )
+    per_owner: dict[str, int] = {}
+    for d in state["dead"]:
+        key = d["shard"] + d["owner"]
+        per_owner[key] = per_owner.get(key, 0) + 1
+    for owner, n in per_owner.items():
+        dead.add_metric([owner], n)
+    yield from (unacked, dead)
 
 
 def store_registry(src: Source) -> CollectorRegistry:

@@ -64,9 +64,17 @@ def sessions_state(src: Source) -> dict[str, Any]:
 def messenger_state(src: Source) -> dict[str, Any]:
     pending: list[dict[str, Any]] = []
     dead: list[dict[str, Any]] = []
+    dead_counts: dict[str, int] = {}
     for prefix, shard in _each(src):
         with shard.store.transaction(write=False) as tx:
             state = oq.messenger(tx, limit=LIMIT)
         pending += [{**p, "shard": prefix} for p in state["pending"]]
         dead += [{**d, "shard": prefix} for d in state["dead"]]
-    return {"pending": pending, "dead": dead, "now": src.now(), "limit": LIMIT}
+        dead_counts.update({prefix + o: n for o, n in state["dead_counts"].items()})
+    return {
+        "pending": pending,
+        "dead": dead,
+        "dead_counts": dead_counts,
+        "now": src.now(),
+        "limit": LIMIT,
+    }

@@ -143,4 +143,8 @@ def messenger(tx: Tx, *, limit: int) -> dict[str, Any]:
             (limit,),
         )
     ]
-    return {"pending": pending, "dead": dead}
+    dead_counts = {
+        str(o): int(n)
+        for o, n in tx.query("SELECT owner, COUNT(*) FROM homing_messenger_dead GROUP BY owner")
+    }
+    return {"pending": pending, "dead": dead, "dead_counts": dead_counts}
