@@ -111,3 +111,40 @@ def test_a_missing_extra_names_the_extra(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert "pip install 'homing[http]'" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_serve_mounts_the_dashboard_and_its_metrics(store_url: str) -> None:
+    with homing.connect(store_url) as db:
+        db.insert("email", {"user": 1})
+    port = free_port()
+    serve = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "homing",
+            "--db",
+            store_url,
+            "serve",
+            "--port",
+            str(port),
+            "--no-dispatch",
+        ],
+        stderr=subprocess.PIPE,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}/dashboard"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                page = httpx.get(base + "/", timeout=10)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline and serve.poll() is None
+                time.sleep(0.1)
+        assert page.status_code == 200 and 'data-type="email"' in page.text
+        assert 'href="/dashboard/jobs"' in page.text  # links stay under the mount
+        metrics = httpx.get(base + "/metrics", timeout=10).text
+        assert 'homing_jobs{state="ready",type="email"} 1.0' in metrics
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        serve.communicate(timeout=60)

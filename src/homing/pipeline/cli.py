@@ -129,7 +129,7 @@ def _start_dashboard(db_url: str, console: Any) -> Any:
 
     urls = [u for u in db_url.split(",") if u] if "," in db_url else db_url
     dash = BackgroundDashboard(homing.connect(urls)).start()
-    console.print(f"[bold]dashboard:[/] {dash.url} (job types, the engine graph, live)")
+    console.print(f"[bold]dashboard:[/] {dash.url} (job types, failures, HTTP outbox, live)")
     return dash
 
 
