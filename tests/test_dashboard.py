@@ -316,3 +316,32 @@ def test_http_sessions_and_messenger_pages(store_url: str) -> None:
     assert 'homing_http_outbox_pending{destination="http://receiver.example/orders"} 2.0' in metrics
     assert 'homing_http_outbox_lag_seconds{destination="http://receiver.example/orders"}' in metrics
     assert 'homing_messenger_dead_letters{owner="node-a"} 1.0' in metrics
+
+
+def test_overview_counts_by_state_with_a_manual_clock(
+    jobs: homing.JobAPI, clock: homing.ManualClock
+) -> None:
+    from homing.dashboard import views
+
+    t0 = clock.now()
+    jobs.insert("a", {"n": 1})
+    jobs.insert("a", {"n": 2}, run_at=t0 + 100)
+    jobs.insert_many([("b", {"n": i}) for i in range(3)])
+    first, second = (jobs.grab(["b"], lock_for=30) for _ in range(2))
+    assert first is not None and second is not None
+    jobs.complete(first)
+    jobs.insert("c", {})
+    doomed = jobs.grab(["c"], lock_for=30)
+    assert doomed is not None
+    jobs.perm_fail(doomed, "no")
+    clock.advance(60)  # the second b's lease (30 s) has run out
+
+    data = views.overview(views.Source(jobs))  # type: ignore[arg-type]
+    rows = {r["type"]: r for r in data["types"]}
+    assert (rows["a"]["ready"], rows["a"]["scheduled"]) == (1, 1)
+    assert rows["a"]["oldest_ready_age_s"] == pytest.approx(60, abs=1)
+    assert (rows["b"]["ready"], rows["b"]["running"], rows["b"]["expired"]) == (1, 0, 1)
+    assert rows["b"]["done_window"] == 1 and rows["b"]["per_min"] == pytest.approx(0.2)
+    assert rows["c"]["failed"] == 1 and rows["a"]["failed"] == 0
+    assert data["expired"] == 1
+    assert (data["chart"]["total"], data["chart"]["failed"]) == (1, 1)

@@ -62,9 +62,16 @@ def overview(src: Source) -> dict[str, Any]:
     slots: dict[tuple[int, str], int] = {}
     for shard in src.shards:
         with shard.store.transaction(write=False) as tx:
-            counts = dq.type_counts(tx, now=now, window=WINDOW)
-            for slot, state, n in dq.throughput(tx, now=now, window=WINDOW, bucket=BUCKET):
-                slots[(slot, state)] = slots.get((slot, state), 0) + n
+            counts = dq.type_counts(tx, now=now)
+            recent = dq.finished(tx, now=now, window=WINDOW, bucket=BUCKET)
+        last_5m = int(WINDOW / BUCKET) - int(300 / BUCKET)
+        for type_, state, slot, n in recent:
+            slots[(slot, state)] = slots.get((slot, state), 0) + n
+            row = counts.setdefault(type_, {})
+            key = f"{state}_window"
+            row[key] = row.get(key, 0) + n
+            if state == "done" and slot >= last_5m:
+                row["done_5m"] = row.get("done_5m", 0) + n
         for type_, row in counts.items():
             merged = types.setdefault(type_, {})
             for key, value in row.items():

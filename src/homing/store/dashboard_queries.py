@@ -88,10 +88,10 @@ def _bump(out: dict[str, dict[str, Any]], type_: str, key: str, n: Any) -> None:
     row[key] = row.get(key, 0) + int(n or 0)
 
 
-def type_counts(tx: Tx, *, now: float, window: float = 3600.0) -> dict[str, dict[str, Any]]:
+def type_counts(tx: Tx, *, now: float) -> dict[str, dict[str, Any]]:
     """Per job type: ready, scheduled, staged, running, expired, each unsuccessful state,
-    and what finished within ``window`` seconds (``done_window``, ``<state>_window``), plus
-    ``done_5m`` and the oldest due ready job's ``run_at`` (``oldest_ready_at``)."""
+    and the oldest due ready job's ``run_at`` (``oldest_ready_at``). What finished
+    recently comes from :func:`finished`."""
     out: dict[str, dict[str, Any]] = {}
     for type_, ready, scheduled, oldest in tx.query(
         "SELECT type, SUM(CASE WHEN run_at <= ? THEN 1 ELSE 0 END), "
@@ -125,22 +125,15 @@ def type_counts(tx: Tx, *, now: float, window: float = 3600.0) -> dict[str, dict
         "WHERE state NOT IN ('ready', 'running', 'done') GROUP BY type, state"
     ):
         _bump(out, type_, str(state), n)
-    for type_, state, n, recent in tx.query(
-        "SELECT type, state, COUNT(*), SUM(CASE WHEN finished_at >= ? THEN 1 ELSE 0 END) "
-        "FROM homing_jobs WHERE finished_at >= ? GROUP BY type, state",
-        (now - 300.0, now - window),
-    ):
-        _bump(out, type_, f"{state}_window", n)
-        if state == "done":
-            _bump(out, type_, "done_5m", recent)
     return out
 
 
-def throughput(
+def finished(
     tx: Tx, *, now: float, window: float = 3600.0, bucket: float = 60.0
-) -> list[tuple[int, str, int]]:
-    """Finished jobs per ``bucket`` seconds over the last ``window``: (bucket index from the
-    window's start, state, count)."""
+) -> list[tuple[str, str, int, int]]:
+    """Jobs finished within the last ``window`` seconds: (type, state, bucket index from
+    the window's start, count). One pass over the finished-at index's recent end serves
+    the per-type counts, the rate and the chart."""
     start = now - window
     slot = (
         "FLOOR((finished_at - ?) / ?)"
@@ -148,11 +141,11 @@ def throughput(
         else "CAST((finished_at - ?) / ? AS INTEGER)"
     )
     rows = tx.query(
-        f"SELECT {slot} AS slot, state, COUNT(*) FROM homing_jobs "
-        "WHERE finished_at >= ? GROUP BY slot, state",
+        f"SELECT type, state, {slot} AS slot, COUNT(*) FROM homing_jobs "
+        "WHERE finished_at >= ? GROUP BY type, state, slot",
         (start, bucket, start),
     )
-    return [(int(s), str(st), int(n)) for s, st, n in rows]
+    return [(str(t), str(st), int(sl), int(n)) for t, st, sl, n in rows]
 
 
 # -- lists -------------------------------------------------------------------------------
