@@ -68,11 +68,17 @@ def time_pages(url: str) -> list[tuple[str, float]]:
                     "jobs page 2": f"/jobs?cursor={cursor}",
                     "jobs state=failed": "/jobs?state=failed",
                     "jobs state=ready type=email": "/jobs?state=ready&type=email",
+                    "jobs state=running": "/jobs?state=running",
+                    "jobs state=expired (none)": "/jobs?state=expired",
+                    "jobs state=scheduled (none)": "/jobs?state=scheduled",
                     'jobs args {"user": 123456}': '/jobs?where={"user": 123456}',
                     "jobs type=webhook (rare)": "/jobs?type=webhook",
                     "job page": f"/jobs/{handle}",
                     "bulk confirm (bounded count)": "/bulk/redrive?state=failed",
                     "engine": "/engine",
+                    "http": "/http",
+                    "sessions": "/sessions",
+                    "messenger": "/messenger",
                     "metrics": "/metrics",
                 }
                 out = []

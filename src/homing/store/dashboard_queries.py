@@ -61,12 +61,16 @@ def _filter_sql(tx: Tx, f: JobFilter, now: float) -> tuple[str, list[Any]]:
     if f.type:
         clauses.append("type = ?")
         params.append(f.type)
+    # ready and scheduled jobs through the ready index (its predicate: batch_id IS NULL);
+    # "staged" jobs are those still in a Spark batch (committed ones until grabbed)
     if f.state == "scheduled":
-        clauses.append("state = 'ready' AND run_at > ?")
+        clauses.append("state = 'ready' AND batch_id IS NULL AND run_at > ?")
         params.append(now)
     elif f.state == "ready":
-        clauses.append("state = 'ready' AND run_at <= ?")
+        clauses.append("state = 'ready' AND batch_id IS NULL AND run_at <= ?")
         params.append(now)
+    elif f.state == "staged":
+        clauses.append("state = 'ready' AND batch_id IS NOT NULL")
     elif f.state == "expired":
         clauses.append("state = 'running' AND lease_expires_at <= ?")
         params.append(now)
