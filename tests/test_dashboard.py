@@ -345,3 +345,11 @@ def test_overview_counts_by_state_with_a_manual_clock(
     assert rows["c"]["failed"] == 1 and rows["a"]["failed"] == 0
     assert data["expired"] == 1
     assert (data["chart"]["total"], data["chart"]["failed"]) == (1, 1)
+
+
+def test_a_crafted_flash_message_is_not_shown(served: tuple[homing.JobAPI, httpx.Client]) -> None:
+    _db, client = served
+    page = client.get("/", params={"msg": "Your session expired: log in at https://evil.example"})
+    assert page.status_code == 200 and 'id="msg"' not in page.text
+    ours = client.get("/", params={"msg": "redrive: job 0:01a2-b3 done"})
+    assert 'id="msg"' in ours.text

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hmac
+import re
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -154,7 +155,7 @@ class _Pages:
             "read_only": self.access.read_only,
             "sharded": self.src.sharded,
             "fragment": request.headers.get("x-homing-fragment") == "1",
-            "msg": request.query_params.get("msg"),
+            "msg": _flash(request.query_params.get("msg")),
             **ctx,
         }
         return self.templates.TemplateResponse(request, name, context, status_code=status)
@@ -294,6 +295,15 @@ class _Pages:
             )
 
         return await self._guarded(request, page)
+
+
+_FLASH = re.compile(r"^(redrive|perm-fail|delete|cancel|bulk redrive): [\w :.\-]{1,200}$")
+
+
+def _flash(msg: str | None) -> str | None:
+    """The line an action's redirect carries, shown only if it is one of ours (a crafted
+    link cannot put arbitrary words on the page)."""
+    return msg if msg and _FLASH.match(msg) else None
 
 
 async def _form(request: Request) -> dict[str, str]:
