@@ -120,8 +120,11 @@ def test_dashboard_in_chromium(browser: Any, store_url: str) -> None:
             assert {"orders", "billing", "$dead"} <= keys
             _shot(browser, "engine")
 
-            for path, title in (("http", "Reliable HTTP"), ("sessions", "Client sessions"),
-                                ("messenger", "Messenger (durable mode)")):
+            for path, title in (
+                ("http", "Reliable HTTP"),
+                ("sessions", "Client sessions"),
+                ("messenger", "Messenger (durable mode)"),
+            ):
                 browser.get(dash.url + path)
                 assert browser.find_element(By.TAG_NAME, "h1").text == title
 

@@ -78,9 +78,10 @@ def build_app(receiver: Receiver, db: Database, dashboard: Any = None) -> Any:
 
 def _dashboard_access(host: str, token: str | None) -> Any:
     """The dashboard's access rules for ``homing serve``, or None to leave it out."""
-    if importlib.util.find_spec("jinja2") is None or importlib.util.find_spec(
-        "prometheus_client"
-    ) is None:
+    if (
+        importlib.util.find_spec("jinja2") is None
+        or importlib.util.find_spec("prometheus_client") is None
+    ):
         return None
     from homing.dashboard.app import Access
     from homing.dashboard.server import is_loopback
