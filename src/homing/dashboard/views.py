@@ -267,7 +267,13 @@ def job_page(src: Source, handle: str, *, children: bool = False) -> dict[str, A
     job = asdict(details)
     job["handle"] = src.handle(index, job_id)
     job["args_json"] = json.dumps(details.args, indent=2, sort_keys=True)
-    return {"job": job, "links": links, "now": src.now(), "children_asked": children}
+    return {
+        "job": job,
+        "links": links,
+        "now": src.now(),
+        "children_asked": children,
+        "can_cancel": callable(getattr(shard, "cancel", None)),
+    }
 
 
 # -- actions -----------------------------------------------------------------------------
