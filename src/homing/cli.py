@@ -26,7 +26,35 @@ PLUGINS: dict[str, str] = {
     "sessions": "homing.sessions.cli:sessions",
     "pipeline": "homing.pipeline.cli:pipeline",
     "demo": "homing.demo:demo",
+    "dashboard": "homing.dashboard.cli:dashboard",
 }
+# The extra that brings a command's third-party packages, named when one is missing.
+EXTRAS: dict[str, str] = {
+    "serve": "http",
+    "http": "http",
+    "sessions": "http",
+    "messenger": "messenger",
+    "pipeline": "spark,pipeline",
+    "dashboard": "dashboard",
+}
+
+
+def _missing_extra(name: str, package: str) -> click.Command:
+    """A stand-in for a command whose extra is not installed: one clear line, exit 1."""
+
+    @click.command(
+        name=name,
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+        add_help_option=False,
+        help=f"(not installed: pip install 'homing[{EXTRAS.get(name, 'all')}]')",
+    )
+    def stub() -> None:
+        raise click.ClickException(
+            f"homing {name} needs the {package} package, which is not installed: "
+            f"pip install 'homing[{EXTRAS.get(name, 'all')}]'"
+        )
+
+    return stub
 
 
 class HomingGroup(click.Group):
@@ -49,6 +77,8 @@ class HomingGroup(click.Group):
         except ModuleNotFoundError as exc:
             if exc.name and module_name.startswith(exc.name):
                 return None  # that part is not installed / not written yet
+            if exc.name and not exc.name.startswith("homing"):
+                return _missing_extra(name, exc.name.split(".")[0])
             raise
         command = getattr(module, attr, None)
         return command if isinstance(command, click.Command) else None
@@ -184,6 +214,7 @@ def grab(ctx: click.Context, types: str, lock_for: float, where: str | None, as_
 @click.option(
     "--perm-fail", "perm_message", default=None, help="Perm-fail with this message instead."
 )
+@json_option
 @click.pass_context
 def complete(
     ctx: click.Context,
@@ -192,6 +223,7 @@ def complete(
     fail_message: str | None,
     retry_in: float,
     perm_message: str | None,
+    as_json: bool,
 ) -> None:
     """Complete (or --fail / --perm-fail) the job HANDLE held with --lease-token."""
     with open_db(ctx) as db:
@@ -201,7 +233,7 @@ def complete(
             db.temp_fail(handle, fail_message, retry_in=retry_in, lease_token=lease_token)
         else:
             db.complete(handle, lease_token=lease_token)
-    click.echo("ok")
+    emit({"ok": True, "handle": handle}, as_json, lambda _d: click.echo("ok"))
 
 
 def _print_details(d: Any) -> None:
@@ -235,42 +267,46 @@ def details(ctx: click.Context, handle: str, as_json: bool) -> None:
 
 @cli.command()
 @click.argument("handle")
+@json_option
 @click.pass_context
-def redrive(ctx: click.Context, handle: str) -> None:
+def redrive(ctx: click.Context, handle: str, as_json: bool) -> None:
     """Run a perm-failed job again (attempts reset, history kept)."""
     with open_db(ctx) as db:
         db.redrive(handle)
-    click.echo("ok")
+    emit({"ok": True, "handle": handle}, as_json, lambda _d: click.echo("ok"))
 
 
 def _print_stats(rows: list[dict[str, Any]]) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from homing._tables import print_table
 
-    table = Table(
+    states = ("ready", "scheduled", "staged", "running", "expired", "done", "failed")
+    extra = sorted({k for r in rows for k in r if isinstance(r[k], int)} - set(states))
+    headers = (
         "type",
         "ready",
-        "scheduled",
+        "sched",
         "staged",
-        "running",
+        "run",
         "expired",
         "done",
         "failed",
-        "oldest ready",
+        *extra,
+        "oldest",
         "done/s",
     )
-    for r in rows:
-        age = r["oldest_ready_age_s"]
-        table.add_row(
-            r["type"],
-            *(
-                str(r[k])
-                for k in ("ready", "scheduled", "staged", "running", "expired", "done", "failed")
-            ),
-            f"{age:.1f}s" if age is not None else "-",
-            f"{r['done_per_s']:.1f}",
-        )
-    Console().print(table)
+    print_table(
+        headers,
+        (
+            (
+                r["type"],
+                *(r.get(k, 0) for k in (*states, *extra)),
+                f"{r['oldest_ready_age_s']:.1f}s" if r["oldest_ready_age_s"] is not None else "-",
+                f"{r['done_per_s']:.1f}",
+            )
+            for r in rows
+        ),
+    )
+    click.echo("sched: scheduled for later, run: running, oldest: oldest ready job's age")
 
 
 @cli.command()

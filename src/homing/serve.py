@@ -12,6 +12,7 @@ dispatch=False)`` in other processes, and the job results this receiver sends ba
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import signal
 import sys
 from collections.abc import Callable
@@ -52,12 +53,18 @@ def parse_secrets(specs: tuple[str, ...]) -> list[tuple[str, bytes]]:
     return keys
 
 
-def build_app(receiver: Receiver, db: Database) -> Any:
-    """The receiver at ``/``, and the sessions API at ``/sessions`` if that part exists."""
+def build_app(receiver: Receiver, db: Database, dashboard: Any = None) -> Any:
+    """The receiver at ``/``, the sessions API at ``/sessions`` if that part exists, and
+    the dashboard (with /dashboard/metrics) at ``/dashboard`` when ``dashboard`` is given
+    (an ``Access``)."""
     from starlette.applications import Starlette
     from starlette.routing import Mount
 
     routes = []
+    if dashboard is not None:
+        from homing.dashboard import create_app as dashboard_app
+
+        routes.append(Mount("/dashboard", app=dashboard_app(db, access=dashboard)))
     try:
         sessions = importlib.import_module("homing.sessions.asgi")
     except ImportError:
@@ -67,6 +74,21 @@ def build_app(receiver: Receiver, db: Database) -> Any:
         routes.append(Mount("/sessions", app=create_app(db)))
     routes.append(Mount("/", app=receiver.app))
     return Starlette(routes=routes)
+
+
+def _dashboard_access(host: str, token: str | None) -> Any:
+    """The dashboard's access rules for ``homing serve``, or None to leave it out."""
+    if (
+        importlib.util.find_spec("jinja2") is None
+        or importlib.util.find_spec("prometheus_client") is None
+    ):
+        return None
+    from homing.dashboard.app import Access
+    from homing.dashboard.server import is_loopback
+
+    if token is None and not is_loopback(host):
+        return None
+    return Access(token=token)
 
 
 @click.command()
@@ -119,6 +141,13 @@ def build_app(receiver: Receiver, db: Database) -> Any:
     metavar="whsec_...",
     help="Accept Standard Webhooks signed with this secret (repeat while rotating).",
 )
+@click.option(
+    "--dashboard-token",
+    envvar="HOMING_DASHBOARD_TOKEN",
+    default=None,
+    help="Mount the dashboard at /dashboard behind this bearer token (needed when --host is "
+    "not loopback; on loopback it is mounted without one when homing[dashboard] is installed).",
+)
 @click.pass_context
 def serve(
     ctx: click.Context,
@@ -132,6 +161,7 @@ def serve(
     no_dispatch: bool,
     secrets: tuple[str, ...],
     webhook_secrets: tuple[str, ...],
+    dashboard_token: str | None,
 ) -> None:
     """Serve reliable HTTP nodes and drain the outbox (seed 000)."""
     import uvicorn
@@ -160,7 +190,7 @@ def serve(
             receiver.add_node(path, _load(target, "--node"))
         for target in setups:
             _load(target, "--setup")(receiver)
-        app = build_app(receiver, db)
+        app = build_app(receiver, db, _dashboard_access(host, dashboard_token))
         receiver.start()
         click.echo(
             f"homing serve on http://{host}:{port} nodes: {', '.join(receiver.nodes) or '-'}",

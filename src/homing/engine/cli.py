@@ -100,29 +100,40 @@ def _graph(queues: list[QueueInfo], selectors: list[SelectorInfo]) -> dict[str, 
 
 
 def _print_graph(data: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from homing._tables import print_table
 
-    table = Table(
-        "queue", "ready", "outstanding", "history", "discarded", "dead letters to", "selectors"
+    print_table(
+        ("queue", "ready", "outstanding", "history", "discarded", "dead letters to"),
+        (
+            (
+                qd["name"] + (" (self-destruct)" if qd["self_destruct"] else ""),
+                qd["ready"],
+                qd["outstanding"],
+                qd["history"],
+                qd["discarded"],
+                qd["dead_letter"] or "-",
+            )
+            for qd in data["queues"]
+        ),
     )
-    for qd in data["queues"]:
-        sels = "\n".join(
-            f"{s['name']} {s['mode'].upper()}{'' if s['role'] == 'normal' else ' (' + s['role'] + ')'} "
-            f"-> {s['to']} {json.dumps(s['match'])}"
-            + (f" credits {s['credits']}/{s['granted']}" if s["mode"] != "copy" else "")
-            for s in qd["selectors"]
+    selectors = [(qd["name"], s) for qd in data["queues"] for s in qd["selectors"]]
+    if selectors:
+        click.echo()
+        print_table(
+            ("queue", "selector", "mode", "to", "match", "credits"),
+            (
+                (
+                    q,
+                    s["name"] + ("" if s["role"] == "normal" else f" ({s['role']})"),
+                    s["mode"].upper(),
+                    s["to"],
+                    json.dumps(s["match"]),
+                    f"{s['credits']}/{s['granted']}" if s["mode"] != "copy" else "-",
+                )
+                for q, s in selectors
+            ),
+            text_columns=5,
         )
-        table.add_row(
-            qd["name"] + (" (self-destruct)" if qd["self_destruct"] else ""),
-            str(qd["ready"]),
-            str(qd["outstanding"]),
-            str(qd["history"]),
-            str(qd["discarded"]),
-            qd["dead_letter"] or "-",
-            sels or "-",
-        )
-    Console().print(table)
 
 
 @click.group(invoke_without_command=True)

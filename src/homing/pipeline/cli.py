@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -56,6 +57,14 @@ def pipeline() -> None:
     "its commit (needs a spark:// or local-cluster master).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON too.")
+@click.option(
+    "--dashboard",
+    type=click.Choice(["during", "keep", "off"]),
+    default="during",
+    show_default=True,
+    help="Serve the web dashboard on a free 127.0.0.1 port while the run goes (during), "
+    "and after it until Ctrl-C (keep), or not at all (off). Needs homing[dashboard].",
+)
 @click.pass_context
 def run(
     ctx: click.Context,
@@ -73,6 +82,7 @@ def run(
     timeout: float,
     kill_executor: bool,
     as_json: bool,
+    dashboard: str,
 ) -> None:
     """Run the pipeline once on --db (default: a SQLite file here) and check it."""
     from rich.console import Console
@@ -97,8 +107,15 @@ def run(
         timeout=timeout,
         kill_executor=kill_executor,
     )
-    report = run_pipeline(cfg, console=console)
-    print_report(report, console)
+    dash = _start_dashboard(db, console) if dashboard != "off" else None
+    try:
+        report = run_pipeline(cfg, console=console)
+        print_report(report, console)
+        _keep_dashboard(dash, db, console, keep=dashboard == "keep")
+    finally:
+        if dash is not None:
+            dash.stop()
+            dash.db.close()
     if as_json:
         click.echo(json.dumps(report.as_dict(), indent=2))
     (data_dir / f"run-{report.run}" / "report.json").write_text(
@@ -106,3 +123,36 @@ def run(
     )
     if not report.ok:
         sys.exit(1)
+
+
+def _start_dashboard(db_url: str, console: Any) -> Any:
+    """The dashboard on a free loopback port for this run, or None if it is not installed."""
+    import importlib.util
+
+    if not all(importlib.util.find_spec(m) for m in ("jinja2", "prometheus_client", "uvicorn")):
+        console.print("(pip install 'homing[dashboard]' to watch the run in a web dashboard)")
+        return None
+    import homing
+    from homing.dashboard.server import BackgroundDashboard
+
+    urls = [u for u in db_url.split(",") if u] if "," in db_url else db_url
+    dash = BackgroundDashboard(homing.connect(urls)).start()
+    console.print(f"[bold]dashboard:[/] {dash.url} (job types, failures, HTTP outbox, live)")
+    return dash
+
+
+def _keep_dashboard(dash: Any, db_url: str, console: Any, *, keep: bool) -> None:
+    if dash is None:
+        return
+    if not keep:
+        console.print(
+            f"look at this store again with: homing --db {db_url} dashboard "
+            "(or run with --dashboard keep)"
+        )
+        return
+    console.print(f"dashboard still on {dash.url}; Ctrl-C to stop")
+    try:
+        while dash.thread.is_alive():
+            dash.thread.join(1.0)
+    except KeyboardInterrupt:
+        pass

@@ -623,34 +623,43 @@ def _check(
 
 
 def print_report(report: Report, console: Any) -> None:
-    from rich.table import Table
+    from homing._tables import print_table
 
     d = report.as_dict()
-    table = Table(title=f"homing pipeline run {report.run} on {report.db} (Spark {report.master})")
-    for col in ("stage", "in", "out", "commits / retries", "dups suppressed", "time s", "rate /s"):
-        table.add_column(col, justify="right" if col != "stage" else "left")
-    table.add_row("FiredEvent (inserted)", "", str(report.expected.events), "", "", "", "")
-    for st in d["stages"]:
-        table.add_row(
+    dv, ck = d["deliveries"], d["checks"]
+    console.print(f"homing pipeline run {report.run} on {report.db} (Spark {report.master})")
+    rows: list[tuple[Any, ...]] = [
+        ("FiredEvent (inserted)", "", report.expected.events, "", "", "", "")
+    ]
+    rows += [
+        (
             st["stage"],
-            str(st["parents"]),
-            str(st["children"]),
-            str(st["commits"]),
+            st["parents"],
+            st["children"],
+            st["commits"],
             "",
             f"{st['seconds']:.1f}",
-            str(st["children_per_s"]),
+            st["children_per_s"],
         )
-    dv, ck = d["deliveries"], d["checks"]
-    table.add_row(
-        "deliveries " + ", ".join(f"{k} {v}" for k, v in sorted(dv["by_channel"].items())),
-        str(ck["notifications"]),
-        str(dv["delivered"]),
-        str(ck["retries"]),
-        str(dv["duplicates_suppressed"]),
-        f"{dv['seconds']:.1f}",
-        str(dv["per_s"]),
+        for st in d["stages"]
+    ]
+    rows.append(
+        (
+            "deliveries",
+            ck["notifications"],
+            dv["delivered"],
+            ck["retries"],
+            dv["duplicates_suppressed"],
+            f"{dv['seconds']:.1f}",
+            dv["per_s"],
+        )
     )
-    console.print(table)
+    print_table(("stage", "in", "out", "commits", "dups", "secs", "per s"), rows, console=console)
+    console.print(
+        "commits: Spark commits (stages) or retries (deliveries); dups: duplicates suppressed; "
+        "deliveries by channel: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(dv["by_channel"].items()))
+    )
     verdict = "[bold green]OK[/]" if report.ok else "[bold red]FAILED[/]"
     console.print(
         f"perm-failed (SMTP 5xx bounces): {ck['notifications_perm_failed']} of "

@@ -89,6 +89,18 @@ def load_app(target: str) -> App:
     show_default=True,
     help="Seconds a worker woken by an insert waits before grabbing, so one grab takes several jobs.",
 )
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve Prometheus /metrics for this worker on 127.0.0.1:PORT (needs homing[dashboard]).",
+)
+@click.option(
+    "--traces",
+    is_flag=True,
+    help="Print an OpenTelemetry span per job attempt on stderr (needs homing[otel]; in code, "
+    "homing.tracing.JobTracer sends them to your own exporter).",
+)
 @click.option("--until-idle", is_flag=True, help="Exit once no job is available and none runs.")
 @click.option("--name", default="worker", show_default=True, help="Worker name in leases and logs.")
 @click.option(
@@ -111,6 +123,8 @@ def worker(
     prefetch: int | None,
     gc_every: float,
     gather: float,
+    metrics_port: int | None,
+    traces: bool,
     until_idle: bool,
     name: str,
     log_format: str,
@@ -142,6 +156,22 @@ def worker(
         until_idle=until_idle,
         name=name,
     )
+    if metrics_port is not None:
+        from homing.extras import require
+
+        require("prometheus_client", "dashboard", "homing worker --metrics-port")
+        from homing.metrics import WorkerMetrics
+
+        metrics = WorkerMetrics()
+        metrics.serve(metrics_port, store=w.db)
+        w.observers.append(metrics.observe)
+    if traces:
+        from homing.extras import require
+
+        require("opentelemetry.sdk", "otel", "homing worker --traces")
+        from homing.tracing import JobTracer, console_provider
+
+        w.observers.append(JobTracer(console_provider()).observe)
     w.run(
         ready=lambda: click.echo(
             f"homing worker {w.worker_id} ready: {','.join(w.types)} x{w.concurrency} "

@@ -140,6 +140,8 @@ class Worker:
         self.prefetch = prefetch
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{name}"
         self.stats = WorkerStats()
+        # Called as fn(job, outcome, seconds) once per finished job (e.g. homing.metrics).
+        self.observers: list[Callable[[Job, str, float], None]] = []
 
         source = db if db is not None else app.db
         if source is None:
@@ -376,6 +378,11 @@ class Worker:
             self._slots.notify_all()
         duration = time.monotonic() - ctx.started if ctx.started else 0.0
         log_job(ctx, outcome, duration, **extra)
+        for observe in self.observers:
+            try:
+                observe(ctx.job, outcome, duration)
+            except Exception:  # an observer must not stop the worker
+                log.exception("job observer %r failed", observe)
 
     # -- heartbeat ---------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from homing.errors import SchemaError, StoreUnavailable
 from homing.store.protocol import Store
 
-COMPONENTS = ("jobs", "engine", "http", "messenger", "sessions", "spark")
+COMPONENTS = ("jobs", "engine", "http", "messenger", "sessions", "spark", "dashboard")
 _ADVISORY_LOCK_KEY = 0x686F6D696E67  # "homing"
 
 
