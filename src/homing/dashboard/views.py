@@ -21,8 +21,8 @@ AUDIT = logging.getLogger("homing.dashboard.audit")
 
 PAGE = 50
 BULK_LIMIT = 1000  # one bulk redrive touches at most this many jobs
-COUNT_CAP = 10_000
-SCAN_WINDOW = 100_000  # jobs (by seq) one page of an unindexed filter scans  # "how many match" counts this far and no further
+COUNT_CAP = 10_000  # "how many match" counts this far and no further
+SCAN_WINDOW = 50_000  # jobs (by seq) one page of an unindexed filter scans
 WINDOW = 3600.0
 BUCKET = 60.0
 _LIVE = ("ready", "scheduled", "staged", "running", "expired")
