@@ -614,7 +614,11 @@ class Messenger:
             parts.setdefault(index, []).append(
                 ("b" if isinstance(d, wire.Batch) else "e", route, d)
             )
+        records = sum(len(d.records) for _, d in received if isinstance(d, wire.Batch))
         with self._lock:
+            # one step under the lock: whoever sees them received also sees them in flight,
+            # so ``wait_idle`` cannot answer True between the two
             self._inflight += len(received)
+            self._stats["received"] += records
         for index, part in parts.items():
             workers[index].inbox.put(part)

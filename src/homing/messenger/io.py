@@ -211,8 +211,7 @@ class IOLoop(Sending):
     ) -> None:
         m = self.m
         if isinstance(d, wire.Batch):
-            m._stats["received"] += len(d.records)
-            received.append((route, d))
+            received.append((route, d))  # counted in ``_dispatch``, with ``_inflight``
         elif isinstance(d, wire.EpochRequest):
             received.append((route, d))
         elif isinstance(d, wire.Ack):
