@@ -14,6 +14,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from homing.clock import Clock
 from homing.errors import ConfigurationError, HomingError, InvalidArgument, JobNotFound
+from homing.job_controls import TypeControl, plan_grab, read_controls
+from homing.job_type_admin import TypeAdmin
 from homing.jobs import (
     DEFAULT_MAX_ARGS_BYTES,
     DEFAULT_RETENTION_S,
@@ -22,6 +24,7 @@ from homing.jobs import (
     JobOps,
     JobSpec,
     check_seconds,
+    check_types,
 )
 from homing.store import jobs_queries as q
 from homing.store import open_store
@@ -45,6 +48,7 @@ class JobAPI(Protocol):
         priority: int = 0,
         run_at: float | datetime | None = None,
         unique_key: str | None = None,
+        timeout: float | None = None,
     ) -> str: ...
 
     def insert_many(self, jobs: Iterable[JobSpec | tuple[str, Any]]) -> list[str]: ...
@@ -103,6 +107,16 @@ class JobAPI(Protocol):
 
     def redrive(self, handle: str) -> None: ...
 
+    def cancel(self, handle: str, message: str | None = None) -> str: ...
+
+    def cancel_children(self, handle: str, message: str | None = None) -> list[str]: ...
+
+    def pause(self, type: str) -> None: ...
+
+    def resume(self, type: str) -> None: ...
+
+    def controls(self) -> list[TypeControl]: ...
+
     def migrate(self) -> list[str]: ...
 
     def gc(self, *, older_than: float | None = None) -> int: ...
@@ -147,16 +161,18 @@ class _JobAPI:
         priority: int = 0,
         run_at: float | datetime | None = None,
         unique_key: str | None = None,
+        timeout: float | None = None,
     ) -> str:
-        """Store a job; return its handle. A repeated ``unique_key`` returns the first job's handle."""
-        jobs = self._ops.new_jobs([JobSpec(type, args, priority, run_at, unique_key)])
-        with self._stmt() as tx:
+        """Store a job; return its handle. A repeated ``unique_key`` returns the first job's
+        handle. ``timeout``: seconds an attempt may run (see docs/jobs.md, Timeouts)."""
+        jobs = self._ops.new_jobs([JobSpec(type, args, priority, run_at, unique_key, timeout)])
+        with self._tx() if timeout is not None else self._stmt() as tx:
             return self._ops.insert(tx, jobs)[0]
 
     def insert_many(self, jobs: Iterable[JobSpec | tuple[str, Any]]) -> list[str]:
         """Store many jobs atomically (one statement on PostgreSQL); handles in input order."""
         new = self._ops.new_jobs(jobs)
-        with self._stmt() as tx:
+        with self._tx() if self._ops.needs_transaction(new) else self._stmt() as tx:
             return self._ops.insert(tx, new)
 
     def grab(
@@ -185,17 +201,37 @@ class _JobAPI:
 
         ``idle_channel`` (from ``idle_wakeup()``) is for workers: when nothing was found the
         caller is registered as idle in the same statement, so that the next insert wakes
-        it (and only as many idle workers as it inserted jobs), instead of every worker."""
-        with self._stmt() as tx:
-            return self._ops.grab(
-                tx,
-                types,
-                lock_for=lock_for,
-                where=where,
-                limit=limit,
-                worker_id=worker_id,
-                idle_channel=idle_channel,
-            )
+        it (and only as many idle workers as it inserted jobs), instead of every worker.
+
+        Paused types are left out; limited types are grabbed one type at a time under
+        their limits, each in a transaction that holds the type's lock (see ``limit``)."""
+        plan = plan_grab(self._ops.store, check_types(types))
+        jobs: list[Job] = []
+        if plan.free:
+            with self._stmt() as tx:
+                jobs = self._ops.grab(
+                    tx,
+                    plan.free,
+                    lock_for=lock_for,
+                    where=where,
+                    limit=limit,
+                    worker_id=worker_id,
+                    idle_channel=idle_channel,
+                )
+        for control in plan.limited:
+            if len(jobs) >= limit:
+                break
+            with self._tx() as tx:
+                jobs += self._ops.grab(
+                    tx,
+                    [control.type],
+                    lock_for=lock_for,
+                    where=where,
+                    limit=limit - len(jobs),
+                    worker_id=worker_id,
+                    control=control,
+                )
+        return jobs
 
     def complete(self, job: Job | str, *, lease_token: str | None = None) -> None:
         """Mark the job done. Raises ``StaleLease`` if another holder has it now."""
@@ -265,6 +301,21 @@ class _JobAPI:
         with self._tx() as tx:
             self._ops.redrive(tx, handle)
 
+    def cancel(self, handle: str, message: str | None = None) -> str:
+        """Cancel a job: a ready (or scheduled, or staged) job never runs; a running job's
+        completion is refused (``JobCancelled``) and its worker tells the handler
+        (``ctx.cancelled``; an async handler is cancelled). Returns the state the job was
+        in; cancelling a cancelled job is a no-op; a done or perm-failed job raises
+        ``InvalidState``. Recorded in the job's history."""
+        with self._tx() as tx:
+            return self._ops.cancel(tx, handle, message)
+
+    def cancel_children(self, handle: str, message: str | None = None) -> list[str]:
+        """Cancel every ready or running child of a replaced parent in one transaction;
+        returns the handles cancelled."""
+        with self._tx() as tx:
+            return self._ops.cancel_children(tx, handle, message)
+
 
 class Transaction(_JobAPI):
     """The job API inside the caller's transaction; ``connection`` is its DB-API connection."""
@@ -279,7 +330,7 @@ class Transaction(_JobAPI):
         return nullcontext(self.tx)
 
 
-class Database(_JobAPI):
+class Database(TypeAdmin, _JobAPI):
     """A homing store: the job API plus transactions, migrations, stats and garbage collection."""
 
     def __init__(
@@ -332,9 +383,14 @@ class Database(_JobAPI):
             return q.gc(tx, finished_before=self.store.clock.now() - keep)
 
     def stats(self, *, window: float = 60.0) -> list[dict[str, Any]]:
-        """Per job type: counts by state, the oldest due job's age, completions per second."""
+        """Per job type: counts by state (``cancelled`` apart from ``failed``), the oldest due
+        job's age, completions per second, and whether the type is ``paused``."""
         with self.store.transaction(write=False) as tx:
-            return q.stats(tx, now=self.store.clock.now(), window=window)
+            rows = q.stats(tx, now=self.store.clock.now(), window=window)
+            paused = {c.type for c in read_controls(tx).values() if c.paused}
+        for row in rows:
+            row["paused"] = row["type"] in paused
+        return rows
 
     def wait_for_jobs(self, timeout: float) -> bool:
         """Block until new jobs are announced (PostgreSQL NOTIFY) or ``timeout`` passes."""
@@ -432,10 +488,11 @@ class ShardedDatabase:
         priority: int = 0,
         run_at: float | datetime | None = None,
         unique_key: str | None = None,
+        timeout: float | None = None,
     ) -> str:
-        spec = JobSpec(type, args, priority, run_at, unique_key)
+        spec = JobSpec(type, args, priority, run_at, unique_key, timeout)
         return self.shards[self._shard_of_spec(spec)].insert(
-            type, args, priority=priority, run_at=run_at, unique_key=unique_key
+            type, args, priority=priority, run_at=run_at, unique_key=unique_key, timeout=timeout
         )
 
     def insert_many(self, jobs: Iterable[JobSpec | tuple[str, Any]]) -> list[str]:
@@ -551,6 +608,40 @@ class ShardedDatabase:
     def redrive(self, handle: str) -> None:
         self._by_handle(handle).redrive(handle)
 
+    def cancel(self, handle: str, message: str | None = None) -> str:
+        return self._by_handle(handle).cancel(handle, message)
+
+    def cancel_children(self, handle: str, message: str | None = None) -> list[str]:
+        """Children live on their parent's shard: one transaction there."""
+        return self._by_handle(handle).cancel_children(handle, message)
+
+    def pause(self, type: str) -> None:
+        """Paused on every shard (each shard's grabbers honour it within a second)."""
+        for s in self.shards:
+            s.pause(type)
+
+    def resume(self, type: str) -> None:
+        for s in self.shards:
+            s.resume(type)
+
+    def limit(self, type: str, **limits: Any) -> TypeControl:
+        """Refused: a limit is enforced inside one store (its count and its lock), and
+        shards do not share them, so no global limit can hold across shards."""
+        raise ConfigurationError(
+            "limits (max_running, rate, per_key) cannot be enforced across the shards of a "
+            "sharded store: each shard counts only its own jobs. Put limited job types on "
+            "one store (homing.connect(url)), or divide the limit among the shards yourself "
+            "with shard.limit() on each of db.shards"
+        )
+
+    def controls(self) -> list[TypeControl]:
+        """Shard 0's controls (pause and resume write every shard)."""
+        return self.shards[0].controls()
+
+    def schedules(self) -> list[dict[str, Any]]:
+        """Periodic schedules live on shard 0 (see docs/jobs.md)."""
+        return self.shards[0].schedules()
+
     def transaction(self, shard: int = 0) -> AbstractContextManager[Transaction]:
         if (
             isinstance(shard, bool)
@@ -581,6 +672,8 @@ class ShardedDatabase:
                         "expired": 0,
                         "done": 0,
                         "failed": 0,
+                        "cancelled": 0,
+                        "paused": False,
                         "done_per_s": 0.0,
                         "oldest_ready_age_s": None,
                     },
@@ -592,9 +685,11 @@ class ShardedDatabase:
                     "running",
                     "done",
                     "failed",
+                    "cancelled",
                     "done_per_s",
                 ):
                     m[k] += row[k]
+                m["paused"] = m["paused"] or row["paused"]
                 ages = [
                     a for a in (m["oldest_ready_age_s"], row["oldest_ready_age_s"]) if a is not None
                 ]

@@ -21,14 +21,20 @@ from homing.errors import (
     HomingError,
     InvalidArgument,
     InvalidState,
+    JobCancelled,
     JobNotFound,
+    JobTimedOut,
     StaleLease,
 )
+from homing.job_controls import TypeControl, limited_grab
+from homing.store import job_controls_queries as cq
 from homing.store import jobs_queries as q
 from homing.store.protocol import Store, Tx
 
-JobState = Literal["ready", "running", "done", "failed"]
-FailureKind = Literal["temp_fail", "perm_fail", "lease_expired", "released"]
+JobState = Literal["ready", "running", "done", "failed", "cancelled"]
+FailureKind = Literal[
+    "temp_fail", "perm_fail", "lease_expired", "released", "cancelled", "timed_out"
+]
 
 DEFAULT_MAX_ARGS_BYTES = 1024 * 1024
 DEFAULT_RETENTION_S = 7 * 24 * 3600.0
@@ -52,6 +58,7 @@ class Job:
     run_at: float
     created_at: float
     unique_key: str | None = None
+    timeout: float | None = None  # this job's own timeout (seconds), if it has one
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,7 @@ class JobSpec:
     priority: int = 0
     run_at: float | datetime | None = None
     unique_key: str | None = None
+    timeout: float | None = None
 
 
 @dataclass(frozen=True)
@@ -100,6 +108,8 @@ class JobDetails:
     last_error: str | None
     parent: str | None
     failures: list[Failure] = field(default_factory=list)
+    cancelled_at: float | None = None
+    timeout: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -259,12 +269,27 @@ class JobOps:
                     unique_key=check_unique_key(spec.unique_key),
                     parent_id=parent_id,
                     created_at=now,
+                    timeout_s=(
+                        None
+                        if spec.timeout is None
+                        else check_seconds("timeout", spec.timeout, allow_zero=False)
+                    ),
                 )
             )
         return out
 
     def insert(self, tx: Tx, jobs: Sequence[q.NewJob]) -> list[str]:
-        return [self.handle_of(i) for i in q.insert_jobs(tx, jobs)]
+        ids_ = q.insert_jobs(tx, jobs)
+        timed = [(j.id, j.timeout_s) for j in jobs if j.timeout_s is not None]
+        if timed:  # only new jobs: not one that existed already under the unique_key
+            new = set(ids_)
+            cq.set_timeouts(tx, [(i, t) for i, t in timed if i in new])
+        return [self.handle_of(i) for i in ids_]
+
+    @staticmethod
+    def needs_transaction(jobs: Sequence[q.NewJob]) -> bool:
+        """True when an insert is more than one statement (a job has a timeout)."""
+        return any(j.timeout_s is not None for j in jobs)
 
     # grab ----------------------------------------------------------------------------
     def grab(
@@ -277,7 +302,10 @@ class JobOps:
         limit: int,
         worker_id: str | None,
         idle_channel: str | None = None,
+        control: TypeControl | None = None,
     ) -> list[Job]:
+        """Lease up to ``limit`` jobs; with ``control``, of that one limited type under its
+        limits (the caller's transaction must be a real one: it holds the type's lock)."""
         names = check_types(types)
         seconds = check_seconds("lock_for", lock_for, allow_zero=False, maximum=MAX_LOCK_FOR_S)
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
@@ -292,9 +320,12 @@ class JobOps:
             pid=os.getpid(),
             worker=worker_id or default_worker_id(),
         )
-        rows = q.grab_jobs(
-            tx, names, now=now, lease=lease, limit=limit, where=where, idle_channel=idle_channel
-        )
+        if control is None:
+            rows = q.grab_jobs(
+                tx, names, now=now, lease=lease, limit=limit, where=where, idle_channel=idle_channel
+            )
+        else:
+            rows = limited_grab(tx, control, now=now, lease=lease, limit=limit, where=where)
         return [
             Job(
                 handle=self.handle_of(r["id"]),
@@ -308,6 +339,7 @@ class JobOps:
                 run_at=r["run_at"],
                 created_at=r["created_at"],
                 unique_key=r["unique_key"],
+                timeout=r["timeout_s"],
             )
             for r in rows
         ]
@@ -320,6 +352,17 @@ class JobOps:
         if row is None:
             raise JobNotFound(
                 f"no job {handle}: it never existed, or it finished and was garbage-collected"
+            )
+        if row["cancelled_at"] is not None:
+            raise JobCancelled(
+                f"cannot {action} job {handle}: it was cancelled at {row['cancelled_at']:.3f}; "
+                "drop your work on it (nothing written in its transaction is kept)"
+            )
+        if row["lease_token"] == token and row["state"] == "ready":
+            raise JobTimedOut(
+                f"cannot {action} job {handle}: this attempt was ended (it ran past its "
+                f"timeout, or was released) and the job waits for its next attempt; "
+                "drop your work on it"
             )
         if row["lease_token"] == token:
             raise InvalidState(f"cannot {action} job {handle}: it is already {row['state']}")
@@ -443,15 +486,42 @@ class JobOps:
             self._refuse(tx, job_id, token, "replace")
         return self.insert(tx, children)
 
+    def cancel(self, tx: Tx, handle: Any, message: Any = None) -> str:
+        """Cancel a ready or running job; the state it was in ('cancelled' again: a no-op)."""
+        job_id = self.id_of(handle)
+        text = check_message("cancelled" if message is None else message)
+        now = self.store.clock.now()
+        previous = cq.cancel(tx, job_id, now=now, message=text)
+        if previous is None:
+            raise JobNotFound(
+                f"no job {handle}: it never existed, or it finished and was garbage-collected"
+            )
+        if previous in ("done", "failed"):
+            raise InvalidState(
+                f"cannot cancel job {self.handle_of(job_id)}: it is already {previous}"
+            )
+        if previous != "cancelled":
+            self._record(tx, job_id, "cancelled", now, text)
+        return previous
+
+    def cancel_children(self, tx: Tx, handle: Any, message: Any = None) -> list[str]:
+        """Cancel every ready or running child of a (replaced) parent; their handles."""
+        parent_id = self.id_of(handle)
+        text = check_message("cancelled with its parent" if message is None else message)
+        now = self.store.clock.now()
+        cancelled = cq.cancel_children(tx, parent_id, now=now, message=text)
+        for job_id in cancelled:
+            self._record(tx, job_id, "cancelled", now, text)
+        return [self.handle_of(i) for i in cancelled]
+
     def redrive(self, tx: Tx, handle: Any) -> None:
         job_id = self.id_of(handle)
         if not q.redrive(tx, job_id, now=self.store.clock.now()):
             row = q.job_row(tx, job_id)
             if row is None:
                 raise JobNotFound(f"no job {handle}")
-            raise InvalidState(
-                f"only perm-failed jobs can be redriven; job {handle} is {row['state']}"
-            )
+            state = "cancelled" if row["cancelled_at"] is not None else row["state"]
+            raise InvalidState(f"only perm-failed jobs can be redriven; job {handle} is {state}")
 
     # reading -------------------------------------------------------------------------
     def details(self, tx: Tx, handle: Any) -> JobDetails:
@@ -468,7 +538,7 @@ class JobOps:
             handle=self.handle_of(job_id),
             type=row["type"],
             args=row["args"],
-            state=row["state"],
+            state="cancelled" if row["cancelled_at"] is not None else row["state"],
             priority=row["priority"],
             attempts=row["attempts"],
             run_at=row["run_at"],
@@ -480,4 +550,6 @@ class JobOps:
             last_error=row["last_error"],
             parent=self.handle_of(row["parent_id"]) if row["parent_id"] else None,
             failures=[Failure(**f) for f in q.failures(tx, job_id)],
+            cancelled_at=row["cancelled_at"],
+            timeout=row["timeout_s"],
         )
