@@ -26,6 +26,12 @@ PLUGINS: dict[str, str] = {
     "sessions": "homing.sessions.cli:sessions",
     "pipeline": "homing.pipeline.cli:pipeline",
     "demo": "homing.demo:demo",
+    "cancel": "homing.jobs_cli:cancel",
+    "pause": "homing.jobs_cli:pause",
+    "resume": "homing.jobs_cli:resume",
+    "limit": "homing.jobs_cli:limit",
+    "controls": "homing.jobs_cli:controls",
+    "schedules": "homing.jobs_cli:schedules",
 }
 
 
@@ -256,16 +262,26 @@ def _print_stats(rows: list[dict[str, Any]]) -> None:
         "expired",
         "done",
         "failed",
+        "cancelled",
         "oldest ready",
         "done/s",
     )
     for r in rows:
         age = r["oldest_ready_age_s"]
         table.add_row(
-            r["type"],
+            r["type"] + (" (paused)" if r.get("paused") else ""),
             *(
-                str(r[k])
-                for k in ("ready", "scheduled", "staged", "running", "expired", "done", "failed")
+                str(r.get(k, 0))
+                for k in (
+                    "ready",
+                    "scheduled",
+                    "staged",
+                    "running",
+                    "expired",
+                    "done",
+                    "failed",
+                    "cancelled",
+                )
             ),
             f"{age:.1f}s" if age is not None else "-",
             f"{r['done_per_s']:.1f}",

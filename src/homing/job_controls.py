@@ -86,7 +86,7 @@ class ControlCache:
             return self._controls
         with self._lock:
             if time.monotonic() - self._read_at >= self.refresh_every:
-                with self._store.statement() as tx:
+                with self._store.transaction(write=False) as tx:
                     self._controls = read_controls(tx)
                 self._read_at = time.monotonic()
         return self._controls
@@ -213,5 +213,5 @@ def check_count(name: str, value: Any, *, allow_none: bool = True) -> int | None
 def cancelled_among(store: Store, job_ids: Sequence[str]) -> set[str]:
     if not job_ids:
         return set()
-    with store.statement() as tx:
+    with store.transaction(write=False) as tx:
         return cq.cancelled_among(tx, list(job_ids))

@@ -32,9 +32,7 @@ from homing.store import jobs_queries as q
 from homing.store.protocol import Store, Tx
 
 JobState = Literal["ready", "running", "done", "failed", "cancelled"]
-FailureKind = Literal[
-    "temp_fail", "perm_fail", "lease_expired", "released", "cancelled", "timed_out"
-]
+FailureKind = Literal["temp_fail", "perm_fail", "lease_expired", "released", "cancelled"]
 
 DEFAULT_MAX_ARGS_BYTES = 1024 * 1024
 DEFAULT_RETENTION_S = 7 * 24 * 3600.0
