@@ -132,6 +132,7 @@ def controls(ctx: click.Context, as_json: bool) -> None:
     """The job types that are paused or limited."""
     with open_db(ctx) as db:
         rows = [c.as_dict() for c in db.controls()]
+
     def human(rs: list[dict[str, Any]]) -> None:
         for r in rs:
             click.echo(_describe(r))
