@@ -88,7 +88,12 @@ class JobAPI(Protocol):
     ) -> None: ...
 
     def extend(
-        self, job: Job | str, lock_for: float, *, lease_token: str | None = None
+        self,
+        job: Job | str,
+        lock_for: float,
+        *,
+        lease_token: str | None = None,
+        not_after: float | None = None,
     ) -> float: ...
 
     def release(
@@ -268,10 +273,18 @@ class _JobAPI:
         with self._tx() as tx:
             self._ops.perm_fail(tx, job, message, lease_token)
 
-    def extend(self, job: Job | str, lock_for: float, *, lease_token: str | None = None) -> float:
-        """Extend the lease to ``lock_for`` seconds from now; returns the new expiry."""
+    def extend(
+        self,
+        job: Job | str,
+        lock_for: float,
+        *,
+        lease_token: str | None = None,
+        not_after: float | None = None,
+    ) -> float:
+        """Extend the lease to ``lock_for`` seconds from now, but not past ``not_after``
+        (a store-clock time, e.g. the attempt's timeout); returns the new expiry."""
         with self._stmt() as tx:
-            return self._ops.extend(tx, job, lock_for, lease_token)
+            return self._ops.extend(tx, job, lock_for, lease_token, not_after)
 
     def release(
         self, job: Job | str, message: str = "released", *, lease_token: str | None = None
@@ -584,8 +597,17 @@ class ShardedDatabase:
     def perm_fail(self, job: Job | str, message: str, *, lease_token: str | None = None) -> None:
         self._by_handle(job).perm_fail(job, message, lease_token=lease_token)
 
-    def extend(self, job: Job | str, lock_for: float, *, lease_token: str | None = None) -> float:
-        return self._by_handle(job).extend(job, lock_for, lease_token=lease_token)
+    def extend(
+        self,
+        job: Job | str,
+        lock_for: float,
+        *,
+        lease_token: str | None = None,
+        not_after: float | None = None,
+    ) -> float:
+        return self._by_handle(job).extend(
+            job, lock_for, lease_token=lease_token, not_after=not_after
+        )
 
     def release(
         self, job: Job | str, message: str = "released", *, lease_token: str | None = None

@@ -467,10 +467,19 @@ class JobOps:
             message=message,
         )
 
-    def extend(self, tx: Tx, job: Any, lock_for: Any, lease_token: str | None) -> float:
+    def extend(
+        self,
+        tx: Tx,
+        job: Any,
+        lock_for: Any,
+        lease_token: str | None,
+        not_after: float | None = None,
+    ) -> float:
         job_id, token = self._lease_of(job, lease_token)
         seconds = check_seconds("lock_for", lock_for, allow_zero=False, maximum=MAX_LOCK_FOR_S)
         until = self.store.clock.now() + seconds
+        if not_after is not None:
+            until = min(until, check_seconds("not_after", not_after, allow_zero=True))
         if not q.extend_lease(tx, job_id, token, until=until):
             self._refuse(tx, job_id, token, "extend")
         if isinstance(job, Job):

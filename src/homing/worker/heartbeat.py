@@ -31,7 +31,7 @@ def keep_leases(w: Worker) -> None:
                 if lock_for <= 0 or ctx.job.lease_expires_at >= ctx.deadline:
                     continue
             try:
-                w.db.extend(ctx.job, lock_for)
+                w.db.extend(ctx.job, lock_for, not_after=ctx.deadline)
             except (StaleLease, JobNotFound) as exc:
                 ctx._mark_lost(f"lease lost: {exc}")
                 log.warning("job %s: lease lost; its completion will be refused", ctx.job.handle)
