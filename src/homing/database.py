@@ -12,6 +12,7 @@ from contextlib import AbstractContextManager, ExitStack, contextmanager, nullco
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
+from homing import job_deps
 from homing.clock import Clock
 from homing.errors import ConfigurationError, HomingError, InvalidArgument, JobNotFound
 from homing.job_controls import TypeControl, plan_grab, read_controls
@@ -49,6 +50,7 @@ class JobAPI(Protocol):
         run_at: float | datetime | None = None,
         unique_key: str | None = None,
         timeout: float | None = None,
+        after: Sequence[str] | None = None,
     ) -> str: ...
 
     def insert_many(self, jobs: Iterable[JobSpec | tuple[str, Any]]) -> list[str]: ...
@@ -122,6 +124,8 @@ class JobAPI(Protocol):
 
     def controls(self) -> list[TypeControl]: ...
 
+    def release_waiting(self) -> tuple[list[str], list[str]]: ...
+
     def migrate(self) -> list[str]: ...
 
     def gc(self, *, older_than: float | None = None) -> int: ...
@@ -167,11 +171,14 @@ class _JobAPI:
         run_at: float | datetime | None = None,
         unique_key: str | None = None,
         timeout: float | None = None,
+        after: Sequence[str] | None = None,
     ) -> str:
         """Store a job; return its handle. A repeated ``unique_key`` returns the first job's
-        handle. ``timeout``: seconds an attempt may run (see docs/jobs.md, Timeouts)."""
-        jobs = self._ops.new_jobs([JobSpec(type, args, priority, run_at, unique_key, timeout)])
-        with self._tx() if timeout is not None else self._stmt() as tx:
+        handle. ``timeout``: seconds an attempt may run; ``after``: handles of jobs that
+        must be done before this one runs (see docs/jobs.md)."""
+        spec = JobSpec(type, args, priority, run_at, unique_key, timeout, after)
+        jobs = self._ops.new_jobs([spec])
+        with self._tx() if self._ops.needs_transaction(jobs) else self._stmt() as tx:
             return self._ops.insert(tx, jobs)[0]
 
     def insert_many(self, jobs: Iterable[JobSpec | tuple[str, Any]]) -> list[str]:
@@ -438,6 +445,11 @@ class Database(TypeAdmin, _JobAPI):
         with self.store.statement() as tx:
             q.forget_idle(tx, channel)
 
+    def release_waiting(self) -> tuple[list[str], list[str]]:
+        """Release the jobs whose dependencies (``after=``) are all done, and cancel those
+        with a failed one; the handles (released, cancelled). Workers do this every 0.5 s."""
+        return job_deps.sweep(self.store, self._ops)
+
     def close(self) -> None:
         self.store.close()
 
@@ -479,6 +491,9 @@ class ShardedDatabase:
         return zlib.crc32(key.encode()) % len(self.shards)
 
     def _shard_of_spec(self, spec: JobSpec | tuple[str, Any]) -> int:
+        if isinstance(spec, JobSpec) and spec.after:
+            first = next(iter(spec.after))
+            return self.shards.index(self._by_handle(first))
         if isinstance(spec, JobSpec) and spec.unique_key is not None:
             return self.shard_for_key(spec.unique_key)
         return self._next(self._rr)
@@ -502,10 +517,19 @@ class ShardedDatabase:
         run_at: float | datetime | None = None,
         unique_key: str | None = None,
         timeout: float | None = None,
+        after: Sequence[str] | None = None,
     ) -> str:
-        spec = JobSpec(type, args, priority, run_at, unique_key, timeout)
+        """A job with ``after`` goes to its first dependency's shard; every dependency must
+        be on that shard (``JobNotFound`` otherwise)."""
+        spec = JobSpec(type, args, priority, run_at, unique_key, timeout, after)
         return self.shards[self._shard_of_spec(spec)].insert(
-            type, args, priority=priority, run_at=run_at, unique_key=unique_key, timeout=timeout
+            type,
+            args,
+            priority=priority,
+            run_at=run_at,
+            unique_key=unique_key,
+            timeout=timeout,
+            after=after,
         )
 
     def insert_many(self, jobs: Iterable[JobSpec | tuple[str, Any]]) -> list[str]:
@@ -664,6 +688,15 @@ class ShardedDatabase:
         """Periodic schedules live on shard 0 (see docs/jobs.md)."""
         return self.shards[0].schedules()
 
+    def release_waiting(self) -> tuple[list[str], list[str]]:
+        released: list[str] = []
+        cancelled: list[str] = []
+        for s in self.shards:
+            r, c = s.release_waiting()
+            released += r
+            cancelled += c
+        return released, cancelled
+
     def transaction(self, shard: int = 0) -> AbstractContextManager[Transaction]:
         if (
             isinstance(shard, bool)
@@ -695,6 +728,7 @@ class ShardedDatabase:
                         "done": 0,
                         "failed": 0,
                         "cancelled": 0,
+                        "waiting": 0,
                         "paused": False,
                         "done_per_s": 0.0,
                         "oldest_ready_age_s": None,
@@ -708,6 +742,7 @@ class ShardedDatabase:
                     "done",
                     "failed",
                     "cancelled",
+                    "waiting",
                     "done_per_s",
                 ):
                     m[k] += row[k]

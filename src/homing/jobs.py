@@ -6,7 +6,6 @@ each in a transaction of its own and ``Transaction`` inside the caller's.
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 import threading
@@ -16,7 +15,6 @@ from datetime import datetime
 from typing import Any, Literal
 
 from homing import ids
-from homing._json import encode_limited
 from homing.errors import (
     HomingError,
     InvalidArgument,
@@ -26,19 +24,52 @@ from homing.errors import (
     JobTimedOut,
     StaleLease,
 )
+from homing.job_checks import (
+    check_message,
+    check_priority,
+    check_seconds,
+    check_type,
+    check_types,
+    check_unique_key,
+    encode_args,
+    encode_json,
+    to_timestamp,
+)
 from homing.job_controls import TypeControl, limited_grab
+from homing.job_deps import WAIT_AT, check_after
+from homing.job_deps import record as record_after
 from homing.store import job_controls_queries as cq
 from homing.store import jobs_queries as q
 from homing.store.protocol import Store, Tx
 
-JobState = Literal["ready", "running", "done", "failed", "cancelled"]
+__all__ = [  # the job API's types and the input checks other parts use too
+    "FailureKind",
+    "Failure",
+    "Holder",
+    "Job",
+    "JobDetails",
+    "JobOps",
+    "JobSpec",
+    "JobState",
+    "MAX_LOCK_FOR_S",
+    "default_worker_id",
+    "check_message",
+    "check_priority",
+    "check_seconds",
+    "check_type",
+    "check_types",
+    "check_unique_key",
+    "encode_args",
+    "encode_json",
+    "to_timestamp",
+]
+
+JobState = Literal["ready", "running", "done", "failed", "cancelled", "waiting"]
 FailureKind = Literal["temp_fail", "perm_fail", "lease_expired", "released", "cancelled"]
 
 DEFAULT_MAX_ARGS_BYTES = 1024 * 1024
 DEFAULT_RETENTION_S = 7 * 24 * 3600.0
 MAX_LOCK_FOR_S = 30 * 24 * 3600.0
-_MAX_TYPE_LEN = 200
-_MAX_MESSAGE_LEN = 10_000
 
 
 @dataclass
@@ -69,6 +100,7 @@ class JobSpec:
     run_at: float | datetime | None = None
     unique_key: str | None = None
     timeout: float | None = None
+    after: Sequence[str] | None = None  # handles of jobs that must be done first
 
 
 @dataclass(frozen=True)
@@ -115,83 +147,13 @@ class JobDetails:
         return asdict(self)
 
 
-# -- validation: every public entry point checks its input before touching the store ----
-def check_type(name: Any) -> str:
-    if not isinstance(name, str) or not name.strip():
-        raise InvalidArgument(f"job type must be a non-empty string, got {name!r}")
-    if len(name) > _MAX_TYPE_LEN or any(ord(c) < 32 for c in name):
-        raise InvalidArgument(
-            f"job type {name[:50]!r} must be at most {_MAX_TYPE_LEN} printable characters"
-        )
-    return name
-
-
-def check_types(types: Any) -> list[str]:
-    if isinstance(types, str):
-        return [check_type(types)]
-    if not isinstance(types, list | tuple | set | frozenset) or not types:
-        raise InvalidArgument(
-            f"types must be a job type or a non-empty list of them, got {types!r}"
-        )
-    return sorted({check_type(t) for t in types})
-
-
-def check_seconds(
-    name: str, value: Any, *, allow_zero: bool, maximum: float | None = None
-) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidArgument(f"{name} must be a number of seconds, got {value!r}")
-    seconds = float(value)
-    if math.isnan(seconds) or math.isinf(seconds):
-        raise InvalidArgument(f"{name} must be a finite number of seconds, got {value!r}")
-    if seconds < 0 or (seconds == 0 and not allow_zero):
-        raise InvalidArgument(
-            f"{name} must be {'>= 0' if allow_zero else '> 0'} seconds, got {value!r}"
-        )
-    if maximum is not None and seconds > maximum:
-        raise InvalidArgument(f"{name}={value!r} is over the maximum of {maximum:g} seconds")
-    return seconds
-
-
-def check_priority(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not -(2**31) <= value < 2**31:
-        raise InvalidArgument(f"priority must be a 32-bit integer, got {value!r}")
-    return value
-
-
-def to_timestamp(name: str, value: Any, default: float) -> float:
-    if value is None:
-        return default
-    if isinstance(value, datetime):
-        if value.tzinfo is None:
-            raise InvalidArgument(f"{name} must be a timezone-aware datetime (naive: {value})")
-        return value.timestamp()
-    return check_seconds(name, value, allow_zero=True)
-
-
-def encode_json(value: Any, limit: int, *, what: str, setting: str) -> str:
-    """Compact JSON text of ``value`` within ``limit`` bytes, or a clear InvalidArgument."""
-    return encode_limited(value, limit, what=what, setting=setting)
-
-
-def encode_args(args: Any, limit: int) -> str:
-    return encode_json(args, limit, what="job args", setting="max_args_bytes in homing.connect()")
-
-
-def check_message(message: Any) -> str:
-    if not isinstance(message, str):
-        raise InvalidArgument(f"failure message must be a string, got {type(message).__name__}")
-    return message[:_MAX_MESSAGE_LEN]
-
-
-def check_unique_key(value: Any) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value or len(value) > 500:
-        raise InvalidArgument(
-            f"unique_key must be a non-empty string of at most 500 characters, got {value!r}"
-        )
-    return value
+def _state(row: dict[str, Any]) -> JobState:
+    """The state the API reports: cancelled and waiting (for dependencies) apart."""
+    if row["cancelled_at"] is not None:
+        return "cancelled"
+    if row["state"] == "ready" and row["run_at"] >= WAIT_AT:
+        return "waiting"
+    return row["state"]
 
 
 def _spec(item: Any) -> JobSpec:
@@ -257,13 +219,15 @@ class JobOps:
         out = []
         for item in items:
             spec = _spec(item)
+            after = check_after(self, spec.after)
+            run_at = to_timestamp("run_at", spec.run_at, now)
             out.append(
                 q.NewJob(
                     id=ids.uuid7(),
                     type=check_type(spec.type),
                     args_json=encode_args(spec.args, self.max_args_bytes),
                     priority=check_priority(spec.priority),
-                    run_at=to_timestamp("run_at", spec.run_at, now),
+                    run_at=WAIT_AT if after else run_at,
                     unique_key=check_unique_key(spec.unique_key),
                     parent_id=parent_id,
                     created_at=now,
@@ -272,6 +236,8 @@ class JobOps:
                         if spec.timeout is None
                         else check_seconds("timeout", spec.timeout, allow_zero=False)
                     ),
+                    after=after,
+                    release_at=run_at if after else None,
                 )
             )
         return out
@@ -282,12 +248,14 @@ class JobOps:
         if timed:  # only new jobs: not one that existed already under the unique_key
             new = set(ids_)
             cq.set_timeouts(tx, [(i, t) for i, t in timed if i in new])
+        if any(j.after for j in jobs):
+            record_after(tx, jobs, set(ids_))
         return [self.handle_of(i) for i in ids_]
 
     @staticmethod
     def needs_transaction(jobs: Sequence[q.NewJob]) -> bool:
-        """True when an insert is more than one statement (a job has a timeout)."""
-        return any(j.timeout_s is not None for j in jobs)
+        """True when an insert is more than one statement (a timeout, dependencies)."""
+        return any(j.timeout_s is not None or j.after for j in jobs)
 
     # grab ----------------------------------------------------------------------------
     def grab(
@@ -545,7 +513,7 @@ class JobOps:
             handle=self.handle_of(job_id),
             type=row["type"],
             args=row["args"],
-            state="cancelled" if row["cancelled_at"] is not None else row["state"],
+            state=_state(row),
             priority=row["priority"],
             attempts=row["attempts"],
             run_at=row["run_at"],

@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 from homing.errors import InvalidFilter
 from homing.store.dialect import GrabRequest, SqlDialect
+from homing.store.job_deps_queries import WAIT_AT
 from homing.store.protocol import Tx
 
 JOB_COLUMNS = (
@@ -51,6 +52,8 @@ class NewJob(NamedTuple):
     parent_id: str | None
     created_at: float
     timeout_s: float | None = None  # written by a second statement (job_controls_queries)
+    after: tuple[str, ...] = ()  # dependencies: rows of homing_job_deps (job_deps_queries)
+    release_at: float | None = None  # the run_at a job with dependencies gets when released
 
 
 def _row(tx: Tx, values: Sequence[Any]) -> dict[str, Any]:
@@ -483,19 +486,22 @@ def stats(tx: Tx, *, now: float, window: float) -> list[dict[str, Any]]:
 
     ``staged`` counts jobs written into a batch that is not committed yet (invisible);
     ``expired`` running jobs whose lease ran out (their worker died or stalls), which the
-    next grab hands out again; ``cancelled`` jobs cancelled by ``cancel`` (not in ``failed``).
+    next grab hands out again; ``cancelled`` jobs cancelled by ``cancel`` (not in ``failed``);
+    ``waiting`` jobs waiting for their dependencies (``after=``; not in ``scheduled``).
     """
     visible = "(j.batch_id IS NULL OR b.state = 'committed')"
     rows = tx.query(
         "SELECT j.type, "
         f"SUM(CASE WHEN j.state = 'ready' AND j.run_at <= ? AND {visible} THEN 1 ELSE 0 END), "
-        f"SUM(CASE WHEN j.state = 'ready' AND j.run_at > ? AND {visible} THEN 1 ELSE 0 END), "
+        f"SUM(CASE WHEN j.state = 'ready' AND j.run_at > ? AND j.run_at < {WAIT_AT!r} "
+        f"AND {visible} THEN 1 ELSE 0 END), "
         f"SUM(CASE WHEN j.state = 'ready' AND NOT {visible} THEN 1 ELSE 0 END), "
         "SUM(CASE WHEN j.state = 'running' AND j.lease_expires_at > ? THEN 1 ELSE 0 END), "
         "SUM(CASE WHEN j.state = 'running' AND j.lease_expires_at <= ? THEN 1 ELSE 0 END), "
         "SUM(CASE WHEN j.state = 'done' THEN 1 ELSE 0 END), "
         "SUM(CASE WHEN j.state = 'failed' AND j.cancelled_at IS NULL THEN 1 ELSE 0 END), "
         "SUM(CASE WHEN j.cancelled_at IS NOT NULL THEN 1 ELSE 0 END), "
+        f"SUM(CASE WHEN j.state = 'ready' AND j.run_at >= {WAIT_AT!r} THEN 1 ELSE 0 END), "
         f"MIN(CASE WHEN j.state = 'ready' AND j.run_at <= ? AND {visible} THEN j.run_at END), "
         "SUM(CASE WHEN j.state = 'done' AND j.finished_at >= ? THEN 1 ELSE 0 END) "
         "FROM homing_jobs j LEFT JOIN homing_job_batches b ON b.batch_id = j.batch_id "
@@ -505,7 +511,7 @@ def stats(tx: Tx, *, now: float, window: float) -> list[dict[str, Any]]:
     out = []
     for row in rows:
         type_, ready, scheduled, staged, running, expired, done, failed, cancelled = row[:9]
-        oldest, recent = row[9:]
+        waiting, oldest, recent = row[9:]
         out.append(
             {
                 "type": type_,
@@ -517,6 +523,7 @@ def stats(tx: Tx, *, now: float, window: float) -> list[dict[str, Any]]:
                 "done": int(done or 0),
                 "failed": int(failed or 0),
                 "cancelled": int(cancelled or 0),
+                "waiting": int(waiting or 0),
                 "oldest_ready_age_s": (now - float(oldest)) if oldest is not None else None,
                 "done_per_s": int(recent or 0) / window,
             }

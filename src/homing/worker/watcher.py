@@ -1,6 +1,8 @@
 """The watcher thread: tells the handlers of cancelled jobs (``ctx.cancelled``; an async
 handler is cancelled) within ``Worker.watch_every`` seconds of ``db.cancel``. It asks the
-store about the jobs this worker holds, and nothing when it holds none."""
+store about the jobs this worker holds, and nothing when it holds none. At the same pace
+it releases the jobs whose dependencies are done (one read of an empty table when no job
+waits)."""
 
 from __future__ import annotations
 
@@ -20,8 +22,17 @@ def shard_db(w: Worker, shard: int) -> Database:
     return w.db.shards[shard] if isinstance(w.db, ShardedDatabase) else w.db
 
 
+def release_waiting(w: Worker) -> None:
+    """Release the jobs whose dependencies are done (``homing.job_deps``)."""
+    try:
+        w.db.release_waiting()
+    except Exception as exc:  # again at the next look
+        log.warning("could not release waiting jobs: %s", exc)
+
+
 def watch_cancels(w: Worker) -> None:
     while not w._stopped.wait(w.watch_every):
+        release_waiting(w)
         with w._slots:
             held = [c for c in w._held.values() if c.phase in ("queued", "running")]
         held = [c for c in held if not c.lease_lost]

@@ -187,6 +187,11 @@ def _v4(real: str) -> tuple[str, ...]:
     )
 
 
+_DEPS = (
+    "CREATE TABLE homing_job_deps (job_id TEXT NOT NULL, after_id TEXT NOT NULL, "
+    "run_at {real} NOT NULL, PRIMARY KEY (job_id, after_id))"
+)
+
 MIGRATIONS: list[Migration] = [
     Migration(1, "jobs", _SQLITE, _POSTGRES),
     Migration(2, "ready_index", _V2_SQLITE, _V2_POSTGRES),
@@ -197,4 +202,12 @@ MIGRATIONS: list[Migration] = [
         ("CREATE UNLOGGED TABLE " + _IDLE.format(real="DOUBLE PRECISION"),),
     ),
     Migration(4, "job_controls", _v4("REAL"), _v4("DOUBLE PRECISION")),
+    # Version 5: job dependencies (insert(..., after=[handles])): one row per dependency
+    # of a waiting job, deleted when the job is released or cancelled (job_deps_queries).
+    Migration(
+        5,
+        "job_deps",
+        (_DEPS.format(real="REAL"),),
+        (_DEPS.format(real="DOUBLE PRECISION"),),
+    ),
 ]
