@@ -327,3 +327,73 @@ def test_bad_schedules_are_refused(db: homing.Database) -> None:
     app.schedule("one", "* * * * *", type="t")
     with pytest.raises(ConfigurationError, match="already"):
         app.schedule("one", "* * * * *", type="t")
+
+
+# -- dependencies --------------------------------------------------------------------------
+def _beside(jobs: homing.JobAPI, handle: str, type_: str) -> str:
+    """A job on the same shard as ``handle`` (the dependencies of a job share a shard)."""
+    if isinstance(jobs, homing.ShardedDatabase):
+        other = jobs.insert("stray", {})  # round-robin: the next shard
+        assert other.split(":")[0] != handle.split(":")[0]
+        with pytest.raises(InvalidArgument, match="one shard"):
+            jobs.insert("z", {}, after=[handle, other])
+        return jobs.shards[int(handle.split(":")[0])].insert(type_, {})
+    return jobs.insert(type_, {})
+
+
+def test_a_dependant_runs_once_after_all_its_dependencies(jobs: homing.JobAPI, clock) -> None:
+    a = jobs.insert("a", {})
+    b = _beside(jobs, a, "b")
+    c = jobs.insert("c", {"n": 1}, after=[a, b], run_at=clock.now() + 5)
+    assert jobs.details(c).state == "waiting"
+    assert next(r for r in jobs.stats() if r["type"] == "c")["waiting"] == 1
+    clock.advance(10)
+    assert jobs.grab("c", lock_for=5) is None
+    ja = jobs.grab("a", lock_for=5)
+    assert ja is not None
+    jobs.complete(ja)
+    assert jobs.release_waiting() == ([], [])
+    jb = jobs.grab("b", lock_for=5)
+    assert jb is not None
+    jobs.replace(jb, [("b_child", {})])  # a replaced dependency counts as done
+    assert jobs.release_waiting() == ([c], [])
+    assert jobs.release_waiting() == ([], [])  # released once
+    got = jobs.grab_many(["a", "c"], lock_for=5, limit=5)
+    assert [j.handle for j in got] == [c] and got[0].args == {"n": 1}
+
+
+def test_a_failed_or_cancelled_dependency_cancels_the_dependant(jobs: homing.JobAPI) -> None:
+    d = jobs.insert("d", {})
+    e = _beside(jobs, d, "e")
+    after_failed = jobs.insert("x", {}, after=[d])
+    after_cancelled = jobs.insert("y", {}, after=[e, d])
+    jd = jobs.grab("d", lock_for=5)
+    assert jd is not None
+    jobs.perm_fail(jd, "boom")
+    jobs.cancel(e)
+    released, cancelled = jobs.release_waiting()
+    assert released == [] and sorted(cancelled) == sorted([after_failed, after_cancelled])
+    for h in cancelled:
+        detail = jobs.details(h)
+        assert detail.state == "cancelled" and "dependency" in (detail.last_error or "")
+    assert jobs.grab_many(["x", "y"], lock_for=5, limit=5) == []
+
+
+def test_a_waiting_job_can_be_cancelled_and_bad_dependencies_are_refused(
+    jobs: homing.JobAPI,
+) -> None:
+    a = jobs.insert("a", {})
+    w = jobs.insert("w", {}, after=[a])
+    assert jobs.cancel(w) == "ready"
+    ja = jobs.grab("a", lock_for=5)
+    assert ja is not None
+    jobs.complete(ja)
+    assert jobs.release_waiting() == ([], [])
+    assert jobs.details(w).state == "cancelled"
+    unknown = homing.uuid7()
+    with pytest.raises(JobNotFound):
+        jobs.insert("w", {}, after=[f"0:{unknown}" if ":" in a else unknown])
+    for bad in ([], "not-a-list", [""]):
+        with pytest.raises((InvalidArgument, JobNotFound)):
+            jobs.insert("w", {}, after=bad)  # type: ignore[arg-type]
+    assert jobs.stats() and all(r["waiting"] == 0 for r in jobs.stats())

@@ -253,36 +253,16 @@ def _print_stats(rows: list[dict[str, Any]]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(
-        "type",
-        "ready",
-        "scheduled",
-        "staged",
-        "running",
-        "expired",
-        "done",
-        "failed",
-        "cancelled",
-        "oldest ready",
-        "done/s",
-    )
+    counts = ["ready", "scheduled", "staged", "running", "expired", "done", "failed"]
+    # the states of the job features (issue 16) only when some type has them: the table
+    # stays readable in 80 columns
+    counts += [k for k in ("cancelled", "waiting") if any(r.get(k) for r in rows)]
+    table = Table("type", *counts, "oldest ready", "done/s")
     for r in rows:
         age = r["oldest_ready_age_s"]
         table.add_row(
             r["type"] + (" (paused)" if r.get("paused") else ""),
-            *(
-                str(r.get(k, 0))
-                for k in (
-                    "ready",
-                    "scheduled",
-                    "staged",
-                    "running",
-                    "expired",
-                    "done",
-                    "failed",
-                    "cancelled",
-                )
-            ),
+            *(str(r.get(k, 0)) for k in counts),
             f"{age:.1f}s" if age is not None else "-",
             f"{r['done_per_s']:.1f}",
         )

@@ -491,9 +491,15 @@ class ShardedDatabase:
         return zlib.crc32(key.encode()) % len(self.shards)
 
     def _shard_of_spec(self, spec: JobSpec | tuple[str, Any]) -> int:
-        if isinstance(spec, JobSpec) and spec.after:
-            first = next(iter(spec.after))
-            return self.shards.index(self._by_handle(first))
+        if isinstance(spec, JobSpec) and spec.after and not isinstance(spec.after, str):
+            shards = {self.shards.index(self._by_handle(h)) for h in spec.after}
+            if len(shards) > 1:
+                raise InvalidArgument(
+                    "the dependencies of one job (after=) must be on one shard, where the job "
+                    f"goes too; these are on shards {sorted(shards)}: insert them on one shard "
+                    "(db.shards[i].insert) or chain them"
+                )
+            return shards.pop()
         if isinstance(spec, JobSpec) and spec.unique_key is not None:
             return self.shard_for_key(spec.unique_key)
         return self._next(self._rr)
