@@ -1,8 +1,8 @@
 """The job features under several real worker processes, on SQLite and PostgreSQL:
 a concurrency limit of 3 under 4 processes (checked in the store at every completion),
 per-key concurrency, a rate limit, timeouts of sync and async handlers, cancel racing with
-completion (exactly one wins), and a scheduler killed with SIGKILL at a tick (exactly one
-job per tick)."""
+completion (exactly one wins), a scheduler killed with SIGKILL at a tick (exactly one
+job per tick), and job dependencies (each step once, after its dependencies)."""
 
 from __future__ import annotations
 
@@ -111,6 +111,15 @@ async def tasync(job, ctx):
     conn = await ctx.aconnection()
     conn.execute("INSERT INTO effects (job_id, attempt) VALUES (%s, %s)".replace(
         "%s", "?" if db.dialect == "sqlite" else "%s"), (job.id, job.attempts))
+
+
+@app.job("step")
+def step(job, ctx):
+    if job.args.get("fail"):
+        raise homing.PermanentFailure("this step fails")
+    start = job.lease_expires_at - app.lock_for  # the grab's time
+    time.sleep(0.05)
+    ctx.on_complete(lambda tx: note(id=job.id, started=start, done_at=db.clock.now()))
 
 
 app.run(concurrency=int(os.environ.get("CONCURRENCY", "3")), types=mode.split(","),
@@ -371,4 +380,39 @@ def test_a_scheduler_killed_at_a_tick_gives_exactly_one_job_per_tick(
     assert ticks == list(range(ticks[0], ticks[-1] + 1))  # every tick once: none lost, none twice
     [row] = db.schedules()
     assert row["last_tick"] == ticks[-1]
+    db.close()
+
+
+def test_dependencies_under_3_worker_processes(store_url: str, tmp_path: Path) -> None:
+    db = homing.connect(store_url)
+    assert isinstance(db, homing.Database)
+    # 8 diamonds: two roots, a join that waits for both, a last step that waits for the
+    # join; and 4 joins after a root that fails (never run: cancelled)
+    diamonds = []
+    for i in range(8):
+        left, right = db.insert("step", {"i": i}), db.insert("step", {"i": i})
+        join = db.insert("step", {"i": i}, after=[left, right])
+        last = db.insert("step", {"i": i}, after=[join])
+        diamonds.append((left, right, join, last))
+    doomed = []
+    for i in range(4):
+        bad = db.insert("step", {"fail": True})
+        doomed.append(db.insert("step", {"i": i}, after=[bad, diamonds[i][0]]))
+    procs = _start(tmp_path, store_url, "step", 3)
+    try:
+        _drain(db, ["step"], 8 * 4)
+        deadline = time.monotonic() + 30
+        while any(db.details(h).state != "cancelled" for h in doomed):
+            assert time.monotonic() < deadline, "the doomed jobs were not cancelled"
+            time.sleep(0.05)
+    finally:
+        _stop(procs)
+    notes = {n["id"]: n for n in _notes(tmp_path)}
+    assert len(notes) == 8 * 4  # every step ran once; the doomed never
+    for left, right, join, last in diamonds:
+        assert notes[join]["started"] >= max(notes[left]["done_at"], notes[right]["done_at"])
+        assert notes[last]["started"] >= notes[join]["done_at"]
+    for h in doomed:
+        d = db.details(h)
+        assert d.attempts == 0 and "perm-failed" in (d.last_error or "")
     db.close()
