@@ -264,11 +264,26 @@ def test_missed_ticks_follow_the_schedules_policy(db: homing.Database, clock, mi
     assert ticks == expected
     assert all(db.details(h).args == {"x": 1} for h in handles)
     assert sched.run_due(db, s.name) == []  # nothing twice
+    [row] = [r for r in db.schedules() if r["name"] == s.name]
+    assert row["last_tick"] == _at("2026-01-01T10:15:00")  # every policy moves on
     _set(clock, "2026-01-01T10:20:01")  # seen in time: every policy runs it
     assert len(sched.run_due(db, s.name)) == 1
     [row] = [r for r in db.schedules() if r["name"] == s.name]
     assert row["last_tick"] == _at("2026-01-01T10:20:00")
     assert row["next_tick"] == _at("2026-01-01T10:25:00")
+
+
+def test_a_long_downtime_costs_one_pass(db: homing.Database, clock) -> None:
+    _set(clock, "2026-01-01T10:00:00")
+    every_second = [
+        sched.Schedule(f"s-{m}", "* * * * * *", type="t", missed=m) for m in ("once", "all")
+    ]
+    sched.register(db.store, every_second, max_args_bytes=1000)
+    clock.advance(3 * 86400)  # three days of per-second ticks missed
+    assert len(sched.run_due(db, "s-once")) == 1
+    assert len(sched.run_due(db, "s-all")) == sched.MAX_CATCH_UP  # the oldest first
+    rows = {r["name"]: r for r in db.schedules()}
+    assert rows["s-all"]["last_tick"] == _at("2026-01-01T10:00:00") + sched.MAX_CATCH_UP
 
 
 def test_a_second_scheduler_at_the_same_tick_inserts_nothing(db: homing.Database, open_db, clock):

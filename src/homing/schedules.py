@@ -11,7 +11,8 @@ next one (or the same one restarted) inserts that tick: exactly one job per tick
 Ticks missed while no scheduler ran are handled by the schedule's ``missed`` policy:
 
 - ``"once"`` (default): all missed ticks together give one job (for the latest of them);
-- ``"all"``: one job per missed tick, oldest first (at most 1000 per pass);
+- ``"all"``: one job per missed tick, oldest first (at most 1000 per pass, the rest in
+  the next passes);
 - ``"skip"``: missed ticks give nothing; a tick runs only if a scheduler sees it within
   ``MISSED_AFTER_S`` seconds of its time.
 """
@@ -85,30 +86,36 @@ def next_tick(cron: str, tz: str, after: float) -> float:
 
 
 def ticks_between(cron: str, tz: str, after: float, until: float, *, limit: int) -> list[float]:
-    """Ticks in (after, until], oldest first, at most ``limit`` (the newest are kept when
-    there are more: they matter to every policy)."""
+    """Ticks in (after, until], oldest first, at most ``limit`` (the oldest ones)."""
     it = croniter(cron, datetime.fromtimestamp(after, zone(tz)))
     out: list[float] = []
-    while True:
+    while len(out) < limit:
         tick = float(it.get_next(datetime).timestamp())
         if tick > until:
-            return out
+            break
         out.append(tick)
-        if len(out) > 10 * limit:  # far behind: skip ahead, keep only the latest
-            out = out[-limit:]
+    return out
 
 
-def due_ticks(row: dict[str, Any], now: float) -> list[float]:
-    """The ticks to insert now under the schedule's missed-tick policy."""
-    last = row["last_tick"] if row["last_tick"] is not None else row["created_at"]
-    due = ticks_between(row["cron"], row["tz"], float(last), now, limit=MAX_CATCH_UP)
-    if not due:
-        return []
+def latest_tick(cron: str, tz: str, at: float) -> float:
+    """The last tick at or before ``at``."""
+    it = croniter(cron, datetime.fromtimestamp(at + 0.001, zone(tz)))
+    return float(it.get_prev(datetime).timestamp())
+
+
+def due_ticks(row: dict[str, Any], now: float) -> tuple[list[float], float | None]:
+    """The ticks to insert now under the schedule's missed-tick policy, and the tick the
+    schedule has reached (its new last tick; None: no tick came due)."""
+    last = float(row["last_tick"] if row["last_tick"] is not None else row["created_at"])
     if row["missed"] == "all":
-        return due[:MAX_CATCH_UP]
-    if row["missed"] == "once":
-        return [due[-1]]
-    return [due[-1]] if now - due[-1] <= MISSED_AFTER_S else []
+        due = ticks_between(row["cron"], row["tz"], last, now, limit=MAX_CATCH_UP)
+        return due, (due[-1] if due else None)
+    newest = latest_tick(row["cron"], row["tz"], now)
+    if newest <= last:
+        return [], None
+    if row["missed"] == "skip" and now - newest > MISSED_AFTER_S:
+        return [], newest  # missed: nothing runs, and the schedule moves on
+    return [newest], newest
 
 
 def tick_key(name: str, tick: float) -> str:
@@ -134,24 +141,29 @@ def run_due(db: Any, name: str) -> list[str]:
         if row is None:
             return []
         now = store.clock.now()
-        ticks = due_ticks(row, now)
-        if not ticks:
+        ticks, reached = due_ticks(row, now)
+        if reached is None:
             return []
         args = json.loads(row["args"])
-        handles = t.insert_many(
-            [
-                JobSpec(
-                    row["type"],
-                    args,
-                    priority=int(row["priority"]),
-                    run_at=min(tick, now),
-                    unique_key=tick_key(name, tick),
-                )
-                for tick in ticks
-            ]
+        handles = (
+            t.insert_many(
+                [
+                    JobSpec(
+                        row["type"],
+                        args,
+                        priority=int(row["priority"]),
+                        run_at=min(tick, now),
+                        unique_key=tick_key(name, tick),
+                    )
+                    for tick in ticks
+                ]
+            )
+            if ticks
+            else []
         )
-        failpoint("scheduler.after_insert_before_commit")
-        cq.set_last_tick(t.tx, name, ticks[-1])
+        if ticks:
+            failpoint("scheduler.after_insert_before_commit")
+        cq.set_last_tick(t.tx, name, reached)
     return handles
 
 
