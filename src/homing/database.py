@@ -178,7 +178,8 @@ class _JobAPI:
         must be done before this one runs (see docs/jobs.md)."""
         spec = JobSpec(type, args, priority, run_at, unique_key, timeout, after)
         jobs = self._ops.new_jobs([spec])
-        with self._tx() if self._ops.needs_transaction(jobs) else self._stmt() as tx:
+        simple = timeout is None and after is None  # one statement
+        with self._stmt() if simple else self._tx() as tx:
             return self._ops.insert(tx, jobs)[0]
 
     def insert_many(self, jobs: Iterable[JobSpec | tuple[str, Any]]) -> list[str]:
@@ -217,7 +218,21 @@ class _JobAPI:
 
         Paused types are left out; limited types are grabbed one type at a time under
         their limits, each in a transaction that holds the type's lock (see ``limit``)."""
-        plan = plan_grab(self._ops.store, check_types(types))
+        names = check_types(types)
+        controls = self._ops.controls.get()
+        if not controls:  # no type has a control: the one statement, as ever
+            with self._stmt() as tx:
+                return self._ops.grab(
+                    tx,
+                    names,
+                    lock_for=lock_for,
+                    where=where,
+                    limit=limit,
+                    worker_id=worker_id,
+                    idle_channel=idle_channel,
+                    checked=True,
+                )
+        plan = plan_grab(controls, names)
         jobs: list[Job] = []
         if plan.free:
             with self._stmt() as tx:

@@ -115,10 +115,8 @@ class GrabPlan:
     limited: list[TypeControl]  # types grabbed one by one under their limits
 
 
-def plan_grab(store: Store, names: list[str]) -> GrabPlan:
-    controls = control_cache(store).get()
-    if not controls:  # the common case: no type has a control
-        return GrabPlan(names, [])
+def plan_grab(controls: dict[str, TypeControl], names: list[str]) -> GrabPlan:
+    """Which of ``names`` to grab as usual, which under limits (paused ones: neither)."""
     free, limited = [], []
     for name in names:
         control = controls.get(name)

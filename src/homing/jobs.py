@@ -35,7 +35,7 @@ from homing.job_checks import (
     encode_json,
     to_timestamp,
 )
-from homing.job_controls import TypeControl, limited_grab
+from homing.job_controls import TypeControl, control_cache, limited_grab
 from homing.job_deps import WAIT_AT, check_after
 from homing.job_deps import record as record_after
 from homing.store import job_controls_queries as cq
@@ -181,6 +181,7 @@ class JobOps:
         self.max_args_bytes = max_args_bytes
         self.retention = retention
         self._host = socket.gethostname()
+        self.controls = control_cache(store)  # per-type controls, read at most every 0.5 s
 
     # handles -------------------------------------------------------------------------
     def handle_of(self, job_id: str) -> str:
@@ -219,7 +220,7 @@ class JobOps:
         out = []
         for item in items:
             spec = _spec(item)
-            after = check_after(self, spec.after)
+            after = () if spec.after is None else check_after(self, spec.after)
             run_at = to_timestamp("run_at", spec.run_at, now)
             out.append(
                 q.NewJob(
@@ -244,12 +245,13 @@ class JobOps:
 
     def insert(self, tx: Tx, jobs: Sequence[q.NewJob]) -> list[str]:
         ids_ = q.insert_jobs(tx, jobs)
-        timed = [(j.id, j.timeout_s) for j in jobs if j.timeout_s is not None]
-        if timed:  # only new jobs: not one that existed already under the unique_key
-            new = set(ids_)
+        if self.needs_transaction(jobs):  # timeouts, dependencies: of new jobs only (not
+            new = set(ids_)  # one that existed already under its unique_key)
+            timed = [(j.id, j.timeout_s) for j in jobs if j.timeout_s is not None]
             cq.set_timeouts(tx, [(i, t) for i, t in timed if i in new])
-        if any(j.after for j in jobs):
-            record_after(tx, jobs, set(ids_))
+            record_after(tx, jobs, new)
+        if self.shard is None:
+            return ids_
         return [self.handle_of(i) for i in ids_]
 
     @staticmethod
@@ -269,10 +271,12 @@ class JobOps:
         worker_id: str | None,
         idle_channel: str | None = None,
         control: TypeControl | None = None,
+        checked: bool = False,
     ) -> list[Job]:
         """Lease up to ``limit`` jobs; with ``control``, of that one limited type under its
-        limits (the caller's transaction must be a real one: it holds the type's lock)."""
-        names = check_types(types)
+        limits (the caller's transaction must be a real one: it holds the type's lock).
+        ``checked``: ``types`` is what ``check_types`` returned already."""
+        names = types if checked else check_types(types)
         seconds = check_seconds("lock_for", lock_for, allow_zero=False, maximum=MAX_LOCK_FOR_S)
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise InvalidArgument(f"limit must be a positive integer, got {limit!r}")
