@@ -27,6 +27,12 @@ PLUGINS: dict[str, str] = {
     "pipeline": "homing.pipeline.cli:pipeline",
     "demo": "homing.demo:demo",
     "dashboard": "homing.dashboard.cli:dashboard",
+    "cancel": "homing.jobs_cli:cancel",
+    "pause": "homing.jobs_cli:pause",
+    "resume": "homing.jobs_cli:resume",
+    "limit": "homing.jobs_cli:limit",
+    "controls": "homing.jobs_cli:controls",
+    "schedules": "homing.jobs_cli:schedules",
 }
 # The extra that brings a command's third-party packages, named when one is missing.
 EXTRAS: dict[str, str] = {
@@ -280,7 +286,9 @@ def _print_stats(rows: list[dict[str, Any]]) -> None:
     from homing._tables import print_table
 
     states = ("ready", "scheduled", "staged", "running", "expired", "done", "failed")
-    extra = sorted({k for r in rows for k in r if isinstance(r[k], int)} - set(states))
+    # the states of the job features (issue 16) only when some type has them: the table
+    # stays readable in 80 columns
+    extra = [k for k in ("cancelled", "waiting") if any(r.get(k) for r in rows)]
     headers = (
         "type",
         "ready",
@@ -298,7 +306,7 @@ def _print_stats(rows: list[dict[str, Any]]) -> None:
         headers,
         (
             (
-                r["type"],
+                r["type"] + (" (paused)" if r.get("paused") else ""),
                 *(r.get(k, 0) for k in (*states, *extra)),
                 f"{r['oldest_ready_age_s']:.1f}s" if r["oldest_ready_age_s"] is not None else "-",
                 f"{r['done_per_s']:.1f}",

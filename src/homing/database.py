@@ -8,8 +8,11 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
+from homing import job_deps
 from homing.clock import Clock
 from homing.errors import ConfigurationError, HomingError, InvalidArgument
+from homing.job_controls import TypeControl, plan_grab, read_controls
+from homing.job_type_admin import TypeAdmin
 from homing.jobs import (
     DEFAULT_MAX_ARGS_BYTES,
     DEFAULT_RETENTION_S,
@@ -18,6 +21,7 @@ from homing.jobs import (
     JobOps,
     JobSpec,
     check_seconds,
+    check_types,
 )
 from homing.store import jobs_queries as q
 from homing.store import open_store
@@ -41,6 +45,8 @@ class JobAPI(Protocol):
         priority: int = 0,
         run_at: float | datetime | None = None,
         unique_key: str | None = None,
+        timeout: float | None = None,
+        after: Sequence[str] | None = None,
     ) -> str: ...
 
     def insert_many(self, jobs: Iterable[JobSpec | tuple[str, Any]]) -> list[str]: ...
@@ -80,7 +86,12 @@ class JobAPI(Protocol):
     ) -> None: ...
 
     def extend(
-        self, job: Job | str, lock_for: float, *, lease_token: str | None = None
+        self,
+        job: Job | str,
+        lock_for: float,
+        *,
+        lease_token: str | None = None,
+        not_after: float | None = None,
     ) -> float: ...
 
     def release(
@@ -98,6 +109,18 @@ class JobAPI(Protocol):
     def details(self, handle: str) -> JobDetails: ...
 
     def redrive(self, handle: str) -> None: ...
+
+    def cancel(self, handle: str, message: str | None = None) -> str: ...
+
+    def cancel_children(self, handle: str, message: str | None = None) -> list[str]: ...
+
+    def pause(self, type: str) -> None: ...
+
+    def resume(self, type: str) -> None: ...
+
+    def controls(self) -> list[TypeControl]: ...
+
+    def release_waiting(self) -> tuple[list[str], list[str]]: ...
 
     def migrate(self) -> list[str]: ...
 
@@ -143,16 +166,22 @@ class _JobAPI:
         priority: int = 0,
         run_at: float | datetime | None = None,
         unique_key: str | None = None,
+        timeout: float | None = None,
+        after: Sequence[str] | None = None,
     ) -> str:
-        """Store a job; return its handle. A repeated ``unique_key`` returns the first job's handle."""
-        jobs = self._ops.new_jobs([JobSpec(type, args, priority, run_at, unique_key)])
-        with self._stmt() as tx:
+        """Store a job; return its handle. A repeated ``unique_key`` returns the first job's
+        handle. ``timeout``: seconds an attempt may run; ``after``: handles of jobs that
+        must be done before this one runs (see docs/jobs.md)."""
+        spec = JobSpec(type, args, priority, run_at, unique_key, timeout, after)
+        jobs = self._ops.new_jobs([spec])
+        simple = timeout is None and after is None  # one statement
+        with self._stmt() if simple else self._tx() as tx:
             return self._ops.insert(tx, jobs)[0]
 
     def insert_many(self, jobs: Iterable[JobSpec | tuple[str, Any]]) -> list[str]:
         """Store many jobs atomically (one statement on PostgreSQL); handles in input order."""
         new = self._ops.new_jobs(jobs)
-        with self._stmt() as tx:
+        with self._tx() if self._ops.needs_transaction(new) else self._stmt() as tx:
             return self._ops.insert(tx, new)
 
     def grab(
@@ -181,17 +210,51 @@ class _JobAPI:
 
         ``idle_channel`` (from ``idle_wakeup()``) is for workers: when nothing was found the
         caller is registered as idle in the same statement, so that the next insert wakes
-        it (and only as many idle workers as it inserted jobs), instead of every worker."""
-        with self._stmt() as tx:
-            return self._ops.grab(
-                tx,
-                types,
-                lock_for=lock_for,
-                where=where,
-                limit=limit,
-                worker_id=worker_id,
-                idle_channel=idle_channel,
-            )
+        it (and only as many idle workers as it inserted jobs), instead of every worker.
+
+        Paused types are left out; limited types are grabbed one type at a time under
+        their limits, each in a transaction that holds the type's lock (see ``limit``)."""
+        names = check_types(types)
+        controls = self._ops.controls.get()
+        if not controls:  # no type has a control: the one statement, as ever
+            with self._stmt() as tx:
+                return self._ops.grab(
+                    tx,
+                    names,
+                    lock_for=lock_for,
+                    where=where,
+                    limit=limit,
+                    worker_id=worker_id,
+                    idle_channel=idle_channel,
+                    checked=True,
+                )
+        plan = plan_grab(controls, names)
+        jobs: list[Job] = []
+        if plan.free:
+            with self._stmt() as tx:
+                jobs = self._ops.grab(
+                    tx,
+                    plan.free,
+                    lock_for=lock_for,
+                    where=where,
+                    limit=limit,
+                    worker_id=worker_id,
+                    idle_channel=idle_channel,
+                )
+        for control in plan.limited:
+            if len(jobs) >= limit:
+                break
+            with self._tx() as tx:
+                jobs += self._ops.grab(
+                    tx,
+                    [control.type],
+                    lock_for=lock_for,
+                    where=where,
+                    limit=limit - len(jobs),
+                    worker_id=worker_id,
+                    control=control,
+                )
+        return jobs
 
     def complete(self, job: Job | str, *, lease_token: str | None = None) -> None:
         """Mark the job done. Raises ``StaleLease`` if another holder has it now."""
@@ -228,10 +291,18 @@ class _JobAPI:
         with self._tx() as tx:
             self._ops.perm_fail(tx, job, message, lease_token)
 
-    def extend(self, job: Job | str, lock_for: float, *, lease_token: str | None = None) -> float:
-        """Extend the lease to ``lock_for`` seconds from now; returns the new expiry."""
+    def extend(
+        self,
+        job: Job | str,
+        lock_for: float,
+        *,
+        lease_token: str | None = None,
+        not_after: float | None = None,
+    ) -> float:
+        """Extend the lease to ``lock_for`` seconds from now, but not past ``not_after``
+        (a store-clock time, e.g. the attempt's timeout); returns the new expiry."""
         with self._stmt() as tx:
-            return self._ops.extend(tx, job, lock_for, lease_token)
+            return self._ops.extend(tx, job, lock_for, lease_token, not_after)
 
     def release(
         self, job: Job | str, message: str = "released", *, lease_token: str | None = None
@@ -261,6 +332,21 @@ class _JobAPI:
         with self._tx() as tx:
             self._ops.redrive(tx, handle)
 
+    def cancel(self, handle: str, message: str | None = None) -> str:
+        """Cancel a job: a ready (or scheduled, or staged) job never runs; a running job's
+        completion is refused (``JobCancelled``) and its worker tells the handler
+        (``ctx.cancelled``; an async handler is cancelled). Returns the state the job was
+        in; cancelling a cancelled job is a no-op; a done or perm-failed job raises
+        ``InvalidState``. Recorded in the job's history."""
+        with self._tx() as tx:
+            return self._ops.cancel(tx, handle, message)
+
+    def cancel_children(self, handle: str, message: str | None = None) -> list[str]:
+        """Cancel every ready or running child of a replaced parent in one transaction;
+        returns the handles cancelled."""
+        with self._tx() as tx:
+            return self._ops.cancel_children(tx, handle, message)
+
 
 class Transaction(_JobAPI):
     """The job API inside the caller's transaction; ``connection`` is its DB-API connection."""
@@ -275,7 +361,7 @@ class Transaction(_JobAPI):
         return nullcontext(self.tx)
 
 
-class Database(_JobAPI):
+class Database(TypeAdmin, _JobAPI):
     """A homing store: the job API plus transactions, migrations, stats and garbage collection."""
 
     def __init__(
@@ -328,9 +414,14 @@ class Database(_JobAPI):
             return q.gc(tx, finished_before=self.store.clock.now() - keep)
 
     def stats(self, *, window: float = 60.0) -> list[dict[str, Any]]:
-        """Per job type: counts by state, the oldest due job's age, completions per second."""
+        """Per job type: counts by state (``cancelled`` apart from ``failed``), the oldest due
+        job's age, completions per second, and whether the type is ``paused``."""
         with self.store.transaction(write=False) as tx:
-            return q.stats(tx, now=self.store.clock.now(), window=window)
+            rows = q.stats(tx, now=self.store.clock.now(), window=window)
+            paused = {c.type for c in read_controls(tx).values() if c.paused}
+        for row in rows:
+            row["paused"] = row["type"] in paused
+        return rows
 
     def wait_for_jobs(self, timeout: float) -> bool:
         """Block until new jobs are announced (PostgreSQL NOTIFY) or ``timeout`` passes."""
@@ -364,6 +455,11 @@ class Database(_JobAPI):
         """Unregister an idle worker's channel (at its shutdown)."""
         with self.store.statement() as tx:
             q.forget_idle(tx, channel)
+
+    def release_waiting(self) -> tuple[list[str], list[str]]:
+        """Release the jobs whose dependencies (``after=``) are all done, and cancel those
+        with a failed one; the handles (released, cancelled). Workers do this every 0.5 s."""
+        return job_deps.sweep(self.store, self._ops)
 
     def close(self) -> None:
         self.store.close()

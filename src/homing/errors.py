@@ -13,6 +13,8 @@ HomingError
  |    +-- JobNotFound
  +-- StaleLease              the lease token no longer holds the job (fencing)
  +-- InvalidState            the operation does not apply to the job's state
+ |    +-- JobCancelled       the job was cancelled (``cancel``): its completion is refused
+ |    +-- JobTimedOut        the job's attempt ran past its timeout: its completion is refused
  +-- PermanentFailure        raised by a handler: do not retry
 """
 
@@ -75,6 +77,16 @@ class StaleLease(HomingError):
 
 class InvalidState(HomingError):
     """The job is not in a state where this operation applies; nothing was changed."""
+
+
+class JobCancelled(InvalidState):
+    """The job was cancelled (``Database.cancel``); its holder's completion is refused and
+    nothing it wrote in the job's transaction is kept. Stop working on it."""
+
+
+class JobTimedOut(InvalidState):
+    """The job's attempt ran past its timeout and was failed (retryable); the late
+    completion of that attempt is refused. The next attempt runs it again."""
 
 
 class PermanentFailure(HomingError):

@@ -6,7 +6,6 @@ each in a transaction of its own and ``Transaction`` inside the caller's.
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 import threading
@@ -16,25 +15,61 @@ from datetime import datetime
 from typing import Any, Literal
 
 from homing import ids
-from homing._json import encode_limited
 from homing.errors import (
     HomingError,
     InvalidArgument,
     InvalidState,
+    JobCancelled,
     JobNotFound,
+    JobTimedOut,
     StaleLease,
 )
+from homing.job_checks import (
+    check_message,
+    check_priority,
+    check_seconds,
+    check_type,
+    check_types,
+    check_unique_key,
+    encode_args,
+    encode_json,
+    to_timestamp,
+)
+from homing.job_controls import TypeControl, control_cache, limited_grab
+from homing.job_deps import WAIT_AT, check_after
+from homing.job_deps import record as record_after
+from homing.store import job_controls_queries as cq
 from homing.store import jobs_queries as q
 from homing.store.protocol import Store, Tx
 
-JobState = Literal["ready", "running", "done", "failed"]
-FailureKind = Literal["temp_fail", "perm_fail", "lease_expired", "released"]
+__all__ = [  # the job API's types and the input checks other parts use too
+    "FailureKind",
+    "Failure",
+    "Holder",
+    "Job",
+    "JobDetails",
+    "JobOps",
+    "JobSpec",
+    "JobState",
+    "MAX_LOCK_FOR_S",
+    "default_worker_id",
+    "check_message",
+    "check_priority",
+    "check_seconds",
+    "check_type",
+    "check_types",
+    "check_unique_key",
+    "encode_args",
+    "encode_json",
+    "to_timestamp",
+]
+
+JobState = Literal["ready", "running", "done", "failed", "cancelled", "waiting"]
+FailureKind = Literal["temp_fail", "perm_fail", "lease_expired", "released", "cancelled"]
 
 DEFAULT_MAX_ARGS_BYTES = 1024 * 1024
 DEFAULT_RETENTION_S = 7 * 24 * 3600.0
 MAX_LOCK_FOR_S = 30 * 24 * 3600.0
-_MAX_TYPE_LEN = 200
-_MAX_MESSAGE_LEN = 10_000
 
 
 @dataclass
@@ -52,6 +87,7 @@ class Job:
     run_at: float
     created_at: float
     unique_key: str | None = None
+    timeout: float | None = None  # this job's own timeout (seconds), if it has one
 
 
 @dataclass(frozen=True)
@@ -63,6 +99,8 @@ class JobSpec:
     priority: int = 0
     run_at: float | datetime | None = None
     unique_key: str | None = None
+    timeout: float | None = None
+    after: Sequence[str] | None = None  # handles of jobs that must be done first
 
 
 @dataclass(frozen=True)
@@ -100,6 +138,8 @@ class JobDetails:
     last_error: str | None
     parent: str | None
     failures: list[Failure] = field(default_factory=list)
+    cancelled_at: float | None = None
+    timeout: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -107,83 +147,13 @@ class JobDetails:
         return asdict(self)
 
 
-# -- validation: every public entry point checks its input before touching the store ----
-def check_type(name: Any) -> str:
-    if not isinstance(name, str) or not name.strip():
-        raise InvalidArgument(f"job type must be a non-empty string, got {name!r}")
-    if len(name) > _MAX_TYPE_LEN or any(ord(c) < 32 for c in name):
-        raise InvalidArgument(
-            f"job type {name[:50]!r} must be at most {_MAX_TYPE_LEN} printable characters"
-        )
-    return name
-
-
-def check_types(types: Any) -> list[str]:
-    if isinstance(types, str):
-        return [check_type(types)]
-    if not isinstance(types, list | tuple | set | frozenset) or not types:
-        raise InvalidArgument(
-            f"types must be a job type or a non-empty list of them, got {types!r}"
-        )
-    return sorted({check_type(t) for t in types})
-
-
-def check_seconds(
-    name: str, value: Any, *, allow_zero: bool, maximum: float | None = None
-) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidArgument(f"{name} must be a number of seconds, got {value!r}")
-    seconds = float(value)
-    if math.isnan(seconds) or math.isinf(seconds):
-        raise InvalidArgument(f"{name} must be a finite number of seconds, got {value!r}")
-    if seconds < 0 or (seconds == 0 and not allow_zero):
-        raise InvalidArgument(
-            f"{name} must be {'>= 0' if allow_zero else '> 0'} seconds, got {value!r}"
-        )
-    if maximum is not None and seconds > maximum:
-        raise InvalidArgument(f"{name}={value!r} is over the maximum of {maximum:g} seconds")
-    return seconds
-
-
-def check_priority(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not -(2**31) <= value < 2**31:
-        raise InvalidArgument(f"priority must be a 32-bit integer, got {value!r}")
-    return value
-
-
-def to_timestamp(name: str, value: Any, default: float) -> float:
-    if value is None:
-        return default
-    if isinstance(value, datetime):
-        if value.tzinfo is None:
-            raise InvalidArgument(f"{name} must be a timezone-aware datetime (naive: {value})")
-        return value.timestamp()
-    return check_seconds(name, value, allow_zero=True)
-
-
-def encode_json(value: Any, limit: int, *, what: str, setting: str) -> str:
-    """Compact JSON text of ``value`` within ``limit`` bytes, or a clear InvalidArgument."""
-    return encode_limited(value, limit, what=what, setting=setting)
-
-
-def encode_args(args: Any, limit: int) -> str:
-    return encode_json(args, limit, what="job args", setting="max_args_bytes in homing.connect()")
-
-
-def check_message(message: Any) -> str:
-    if not isinstance(message, str):
-        raise InvalidArgument(f"failure message must be a string, got {type(message).__name__}")
-    return message[:_MAX_MESSAGE_LEN]
-
-
-def check_unique_key(value: Any) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value or len(value) > 500:
-        raise InvalidArgument(
-            f"unique_key must be a non-empty string of at most 500 characters, got {value!r}"
-        )
-    return value
+def _state(row: dict[str, Any]) -> JobState:
+    """The state the API reports: cancelled and waiting (for dependencies) apart."""
+    if row["cancelled_at"] is not None:
+        return "cancelled"
+    if row["state"] == "ready" and row["run_at"] >= WAIT_AT:
+        return "waiting"
+    return row["state"]
 
 
 def _spec(item: Any) -> JobSpec:
@@ -211,6 +181,7 @@ class JobOps:
         self.max_args_bytes = max_args_bytes
         self.retention = retention
         self._host = socket.gethostname()
+        self.controls = control_cache(store)  # per-type controls, read at most every 0.5 s
 
     # handles -------------------------------------------------------------------------
     def handle_of(self, job_id: str) -> str:
@@ -249,22 +220,44 @@ class JobOps:
         out = []
         for item in items:
             spec = _spec(item)
+            after = () if spec.after is None else check_after(self, spec.after)
+            run_at = to_timestamp("run_at", spec.run_at, now)
             out.append(
                 q.NewJob(
                     id=ids.uuid7(),
                     type=check_type(spec.type),
                     args_json=encode_args(spec.args, self.max_args_bytes),
                     priority=check_priority(spec.priority),
-                    run_at=to_timestamp("run_at", spec.run_at, now),
+                    run_at=WAIT_AT if after else run_at,
                     unique_key=check_unique_key(spec.unique_key),
                     parent_id=parent_id,
                     created_at=now,
+                    timeout_s=(
+                        None
+                        if spec.timeout is None
+                        else check_seconds("timeout", spec.timeout, allow_zero=False)
+                    ),
+                    after=after,
+                    release_at=run_at if after else None,
                 )
             )
         return out
 
     def insert(self, tx: Tx, jobs: Sequence[q.NewJob]) -> list[str]:
-        return [self.handle_of(i) for i in q.insert_jobs(tx, jobs)]
+        ids_ = q.insert_jobs(tx, jobs)
+        if self.needs_transaction(jobs):  # timeouts, dependencies: of new jobs only (not
+            new = set(ids_)  # one that existed already under its unique_key)
+            timed = [(j.id, j.timeout_s) for j in jobs if j.timeout_s is not None]
+            cq.set_timeouts(tx, [(i, t) for i, t in timed if i in new])
+            record_after(tx, jobs, new)
+        if self.shard is None:
+            return ids_
+        return [self.handle_of(i) for i in ids_]
+
+    @staticmethod
+    def needs_transaction(jobs: Sequence[q.NewJob]) -> bool:
+        """True when an insert is more than one statement (a timeout, dependencies)."""
+        return any(j.timeout_s is not None or j.after for j in jobs)
 
     # grab ----------------------------------------------------------------------------
     def grab(
@@ -277,8 +270,13 @@ class JobOps:
         limit: int,
         worker_id: str | None,
         idle_channel: str | None = None,
+        control: TypeControl | None = None,
+        checked: bool = False,
     ) -> list[Job]:
-        names = check_types(types)
+        """Lease up to ``limit`` jobs; with ``control``, of that one limited type under its
+        limits (the caller's transaction must be a real one: it holds the type's lock).
+        ``checked``: ``types`` is what ``check_types`` returned already."""
+        names = types if checked else check_types(types)
         seconds = check_seconds("lock_for", lock_for, allow_zero=False, maximum=MAX_LOCK_FOR_S)
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise InvalidArgument(f"limit must be a positive integer, got {limit!r}")
@@ -292,9 +290,12 @@ class JobOps:
             pid=os.getpid(),
             worker=worker_id or default_worker_id(),
         )
-        rows = q.grab_jobs(
-            tx, names, now=now, lease=lease, limit=limit, where=where, idle_channel=idle_channel
-        )
+        if control is None:
+            rows = q.grab_jobs(
+                tx, names, now=now, lease=lease, limit=limit, where=where, idle_channel=idle_channel
+            )
+        else:
+            rows = limited_grab(tx, control, now=now, lease=lease, limit=limit, where=where)
         return [
             Job(
                 handle=self.handle_of(r["id"]),
@@ -308,6 +309,7 @@ class JobOps:
                 run_at=r["run_at"],
                 created_at=r["created_at"],
                 unique_key=r["unique_key"],
+                timeout=r["timeout_s"],
             )
             for r in rows
         ]
@@ -320,6 +322,17 @@ class JobOps:
         if row is None:
             raise JobNotFound(
                 f"no job {handle}: it never existed, or it finished and was garbage-collected"
+            )
+        if row["cancelled_at"] is not None:
+            raise JobCancelled(
+                f"cannot {action} job {handle}: it was cancelled at {row['cancelled_at']:.3f}; "
+                "drop your work on it (nothing written in its transaction is kept)"
+            )
+        if row["lease_token"] == token and row["state"] == "ready":
+            raise JobTimedOut(
+                f"cannot {action} job {handle}: this attempt was ended (it ran past its "
+                f"timeout, or was released) and the job waits for its next attempt; "
+                "drop your work on it"
             )
         if row["lease_token"] == token:
             raise InvalidState(f"cannot {action} job {handle}: it is already {row['state']}")
@@ -426,10 +439,19 @@ class JobOps:
             message=message,
         )
 
-    def extend(self, tx: Tx, job: Any, lock_for: Any, lease_token: str | None) -> float:
+    def extend(
+        self,
+        tx: Tx,
+        job: Any,
+        lock_for: Any,
+        lease_token: str | None,
+        not_after: float | None = None,
+    ) -> float:
         job_id, token = self._lease_of(job, lease_token)
         seconds = check_seconds("lock_for", lock_for, allow_zero=False, maximum=MAX_LOCK_FOR_S)
         until = self.store.clock.now() + seconds
+        if not_after is not None:
+            until = min(until, check_seconds("not_after", not_after, allow_zero=True))
         if not q.extend_lease(tx, job_id, token, until=until):
             self._refuse(tx, job_id, token, "extend")
         if isinstance(job, Job):
@@ -443,15 +465,42 @@ class JobOps:
             self._refuse(tx, job_id, token, "replace")
         return self.insert(tx, children)
 
+    def cancel(self, tx: Tx, handle: Any, message: Any = None) -> str:
+        """Cancel a ready or running job; the state it was in ('cancelled' again: a no-op)."""
+        job_id = self.id_of(handle)
+        text = check_message("cancelled" if message is None else message)
+        now = self.store.clock.now()
+        previous = cq.cancel(tx, job_id, now=now, message=text)
+        if previous is None:
+            raise JobNotFound(
+                f"no job {handle}: it never existed, or it finished and was garbage-collected"
+            )
+        if previous in ("done", "failed"):
+            raise InvalidState(
+                f"cannot cancel job {self.handle_of(job_id)}: it is already {previous}"
+            )
+        if previous != "cancelled":
+            self._record(tx, job_id, "cancelled", now, text)
+        return previous
+
+    def cancel_children(self, tx: Tx, handle: Any, message: Any = None) -> list[str]:
+        """Cancel every ready or running child of a (replaced) parent; their handles."""
+        parent_id = self.id_of(handle)
+        text = check_message("cancelled with its parent" if message is None else message)
+        now = self.store.clock.now()
+        cancelled = cq.cancel_children(tx, parent_id, now=now, message=text)
+        for job_id in cancelled:
+            self._record(tx, job_id, "cancelled", now, text)
+        return [self.handle_of(i) for i in cancelled]
+
     def redrive(self, tx: Tx, handle: Any) -> None:
         job_id = self.id_of(handle)
         if not q.redrive(tx, job_id, now=self.store.clock.now()):
             row = q.job_row(tx, job_id)
             if row is None:
                 raise JobNotFound(f"no job {handle}")
-            raise InvalidState(
-                f"only perm-failed jobs can be redriven; job {handle} is {row['state']}"
-            )
+            state = "cancelled" if row["cancelled_at"] is not None else row["state"]
+            raise InvalidState(f"only perm-failed jobs can be redriven; job {handle} is {state}")
 
     # reading -------------------------------------------------------------------------
     def details(self, tx: Tx, handle: Any) -> JobDetails:
@@ -468,7 +517,7 @@ class JobOps:
             handle=self.handle_of(job_id),
             type=row["type"],
             args=row["args"],
-            state=row["state"],
+            state=_state(row),
             priority=row["priority"],
             attempts=row["attempts"],
             run_at=row["run_at"],
@@ -480,4 +529,6 @@ class JobOps:
             last_error=row["last_error"],
             parent=self.handle_of(row["parent_id"]) if row["parent_id"] else None,
             failures=[Failure(**f) for f in q.failures(tx, job_id)],
+            cancelled_at=row["cancelled_at"],
+            timeout=row["timeout_s"],
         )

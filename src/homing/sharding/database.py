@@ -35,6 +35,7 @@ from homing.errors import (
     StoreUnreachable,
 )
 from homing.jobs import Job, JobDetails, JobSpec
+from homing.sharding.features import ShardedJobFeatures
 from homing.sharding.health import Prober, ShardHealth
 from homing.sharding.placement import Placement
 from homing.sharding.stats import merge_stats
@@ -48,7 +49,7 @@ T = TypeVar("T")
 Spec = JobSpec | tuple[str, Any]
 
 
-class ShardedDatabase:
+class ShardedDatabase(ShardedJobFeatures):
     """Several PostgreSQL databases as one job store (seed 002: "the database scales
     horizontally"). Handles name their shard (``"2:<uuid>"``); the URL list's order is the
     shards' identity: add shards by appending URLs (see docs/jobs.md, "Adding a shard")."""
@@ -138,6 +139,28 @@ class ShardedDatabase:
             raise JobNotFound(f"job handle {handle!r} names shard {prefix}, which this store lacks")
         return int(prefix)
 
+    def _dependency_shard(self, spec: Spec) -> int | None:
+        """The shard of a job's dependencies (``after``): a job waits on one shard, where
+        they all are; ``None`` for a job without dependencies."""
+        if not isinstance(spec, JobSpec) or not spec.after or isinstance(spec.after, str):
+            return None
+        shards = {self._index_of(h) for h in spec.after}
+        if len(shards) > 1:
+            raise InvalidArgument(
+                "the dependencies of one job (after=) must be on one shard, where the job "
+                f"goes too; these are on shards {sorted(shards)}: insert them on one shard "
+                "(db.shards[i].insert, or db.transaction(shard=i)) or chain them"
+            )
+        shard = shards.pop()
+        key = spec.unique_key
+        if key is not None and self.placement.owner(key) != shard:
+            raise CrossShardWrite(
+                f"unique_key {key!r} belongs to shard {self.placement.owner(key)}, but the "
+                f"job's dependencies (after=) are on shard {shard}: a job with dependencies "
+                "lives on their shard; drop the key or pick one that shard owns"
+            )
+        return shard
+
     def _moved(self, key: str) -> str | None:
         """While shards are being added (``previous_shards``): the handle of a retained job
         with ``key`` on the key's old shard, if there is one."""
@@ -157,12 +180,25 @@ class ShardedDatabase:
         priority: int = 0,
         run_at: float | datetime | None = None,
         unique_key: str | None = None,
+        timeout: float | None = None,
+        after: Sequence[str] | None = None,
     ) -> str:
-        """A keyed job goes to its key's shard; others to the next live shard (one that
-        cannot be reached is skipped: nothing was sent to it)."""
-        kw = {"priority": priority, "run_at": run_at, "unique_key": unique_key}
+        """A keyed job goes to its key's shard; a job with ``after`` to its dependencies'
+        shard (they must share one); others to the next live shard (one that cannot be
+        reached is skipped: nothing was sent to it)."""
+        spec = JobSpec(type, args, priority, run_at, unique_key, timeout, after)
+        kw: dict[str, Any] = {
+            "priority": priority,
+            "run_at": run_at,
+            "unique_key": unique_key,
+            "timeout": timeout,
+            "after": after,
+        }
+        if (pinned := self._dependency_shard(spec)) is not None:
+            self.shards[0]._ops.new_jobs([spec])
+            return self._call(pinned, Database.insert, type, args, **kw)
         if unique_key is not None:
-            self.shards[0]._ops.new_jobs([JobSpec(type, args, priority, run_at, unique_key)])
+            self.shards[0]._ops.new_jobs([spec])
             if (found := self._moved(unique_key)) is not None:
                 return found
             return self._call(self.placement.owner(unique_key), Database.insert, type, args, **kw)
@@ -183,10 +219,14 @@ class ShardedDatabase:
         groups: dict[int, list[tuple[int, Spec]]] = {}
         for i, spec in enumerate(specs):
             key = spec.unique_key if isinstance(spec, JobSpec) else None
-            if key is not None and (found := self._moved(key)) is not None:
+            pinned = self._dependency_shard(spec)
+            if pinned is None and key is not None and (found := self._moved(key)) is not None:
                 out[i] = found
                 continue
-            shard = self.placement.owner(key) if key is not None else self._next_live(self._rr)
+            if pinned is not None:
+                shard = pinned
+            else:
+                shard = self.placement.owner(key) if key is not None else self._next_live(self._rr)
             groups.setdefault(shard, []).append((i, spec))
         with ExitStack() as stack:
             for shard, items in sorted(groups.items()):
@@ -301,9 +341,23 @@ class ShardedDatabase:
     def perm_fail(self, job: Job | str, message: str, *, lease_token: str | None = None) -> None:
         self._call(self._index_of(job), Database.perm_fail, job, message, lease_token=lease_token)
 
-    def extend(self, job: Job | str, lock_for: float, *, lease_token: str | None = None) -> float:
+    def extend(
+        self,
+        job: Job | str,
+        lock_for: float,
+        *,
+        lease_token: str | None = None,
+        not_after: float | None = None,
+    ) -> float:
         return float(
-            self._call(self._index_of(job), Database.extend, job, lock_for, lease_token=lease_token)
+            self._call(
+                self._index_of(job),
+                Database.extend,
+                job,
+                lock_for,
+                lease_token=lease_token,
+                not_after=not_after,
+            )
         )
 
     def release(

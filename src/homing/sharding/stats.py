@@ -4,7 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
-_COUNTS = ("ready", "scheduled", "staged", "running", "expired", "done", "failed", "done_per_s")
+_COUNTS = (
+    "ready",
+    "scheduled",
+    "staged",
+    "running",
+    "expired",
+    "done",
+    "failed",
+    "cancelled",
+    "waiting",
+    "done_per_s",
+)
 
 
 def merge_stats(per_shard: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -14,10 +25,17 @@ def merge_stats(per_shard: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
         for row in rows:
             m = merged.setdefault(
                 row["type"],
-                {**row, **{k: 0 for k in _COUNTS}, "done_per_s": 0.0, "oldest_ready_age_s": None},
+                {
+                    **row,
+                    **{k: 0 for k in _COUNTS},
+                    "done_per_s": 0.0,
+                    "oldest_ready_age_s": None,
+                    "paused": False,
+                },
             )
             for k in _COUNTS:
                 m[k] += row.get(k, 0)
+            m["paused"] = bool(m["paused"] or row.get("paused"))
             ages = [
                 a for a in (m["oldest_ready_age_s"], row["oldest_ready_age_s"]) if a is not None
             ]

@@ -8,7 +8,7 @@ than quietly making a second job with the same key on the wrong shard.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -53,6 +53,9 @@ class ShardTransaction(Transaction):
         for spec in specs:
             if isinstance(spec, JobSpec):
                 self._check_key(spec.unique_key)
+                if spec.after and not isinstance(spec.after, str):
+                    for dependency in spec.after:
+                        self._check_handle(dependency)
         return specs
 
     def _check_handle(self, job: Job | str) -> None:
@@ -72,11 +75,23 @@ class ShardTransaction(Transaction):
         priority: int = 0,
         run_at: float | datetime | None = None,
         unique_key: str | None = None,
+        timeout: float | None = None,
+        after: Sequence[str] | None = None,
     ) -> str:
         self._check_key(unique_key)
+        for dependency in after or ():
+            self._check_handle(dependency)  # a job waits on its dependencies' shard
         if unique_key is not None and (found := self._moved(unique_key)) is not None:
             return found
-        return super().insert(type, args, priority=priority, run_at=run_at, unique_key=unique_key)
+        return super().insert(
+            type,
+            args,
+            priority=priority,
+            run_at=run_at,
+            unique_key=unique_key,
+            timeout=timeout,
+            after=after,
+        )
 
     def insert_many(self, jobs: Iterable[JobSpec | tuple[str, Any]]) -> list[str]:
         specs = self._check_specs(jobs)
@@ -129,9 +144,16 @@ class ShardTransaction(Transaction):
         self._check_handle(job)
         super().perm_fail(job, message, lease_token=lease_token)
 
-    def extend(self, job: Job | str, lock_for: float, *, lease_token: str | None = None) -> float:
+    def extend(
+        self,
+        job: Job | str,
+        lock_for: float,
+        *,
+        lease_token: str | None = None,
+        not_after: float | None = None,
+    ) -> float:
         self._check_handle(job)
-        return super().extend(job, lock_for, lease_token=lease_token)
+        return super().extend(job, lock_for, lease_token=lease_token, not_after=not_after)
 
     def release(
         self, job: Job | str, message: str = "released", *, lease_token: str | None = None

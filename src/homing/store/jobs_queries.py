@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 from homing.errors import InvalidFilter
 from homing.store.dialect import GrabRequest, SqlDialect
+from homing.store.job_deps_queries import WAIT_AT
 from homing.store.protocol import Tx
 
 JOB_COLUMNS = (
@@ -32,6 +33,8 @@ JOB_COLUMNS = (
     "last_error",
     "parent_id",
     "seq",
+    "cancelled_at",
+    "timeout_s",
 )
 _COLS = ", ".join(JOB_COLUMNS)
 _J_COLS = ", ".join(f"j.{c}" for c in JOB_COLUMNS)
@@ -48,6 +51,9 @@ class NewJob(NamedTuple):
     unique_key: str | None
     parent_id: str | None
     created_at: float
+    timeout_s: float | None = None  # written by a second statement (job_controls_queries)
+    after: tuple[str, ...] = ()  # dependencies: rows of homing_job_deps (job_deps_queries)
+    release_at: float | None = None  # the run_at a job with dependencies gets when released
 
 
 def _row(tx: Tx, values: Sequence[Any]) -> dict[str, Any]:
@@ -255,8 +261,11 @@ def grab_jobs(
     limit: int,
     where: Mapping[str, Any] | None,
     idle_channel: str | None = None,
+    extra: tuple[str, list[Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Lease up to ``limit`` available jobs of ``types`` to one holder, atomically.
+
+    ``extra`` (`` AND <clause>``, params) narrows the search further (the per-key limits).
 
     A job is available when ready and due, or running with an expired lease, and not staged
     in an uncommitted batch; the best priority goes first. Jobs of committed batches fill
@@ -268,6 +277,9 @@ def grab_jobs(
     if where is not None:
         clause, where_params = compile_where(tx.sql, where)
         where_sql = " AND " + clause
+    if extra is not None and extra[0]:
+        where_sql += extra[0]
+        where_params = [*where_params, *extra[1]]
     key = tuple(types)
     marks = _expiry_marks(tx.store)
     low = marks.start(key, now) if marks is not None else None
@@ -425,7 +437,7 @@ def redrive(tx: Tx, job_id: str, *, now: float) -> bool:
         tx.rowcount(
             "UPDATE homing_jobs SET state = 'ready', attempts = 0, run_at = ?, available_at = ?, "
             "finished_at = NULL, lease_token = NULL, lease_expires_at = NULL "
-            "WHERE id = ? AND state = 'failed'",
+            "WHERE id = ? AND state = 'failed' AND cancelled_at IS NULL",
             (now, now, job_id),
         )
         == 1
@@ -475,18 +487,22 @@ def stats(tx: Tx, *, now: float, window: float) -> list[dict[str, Any]]:
 
     ``staged`` counts jobs written into a batch that is not committed yet (invisible);
     ``expired`` running jobs whose lease ran out (their worker died or stalls), which the
-    next grab hands out again.
+    next grab hands out again; ``cancelled`` jobs cancelled by ``cancel`` (not in ``failed``);
+    ``waiting`` jobs waiting for their dependencies (``after=``; not in ``scheduled``).
     """
     visible = "(j.batch_id IS NULL OR b.state = 'committed')"
     rows = tx.query(
         "SELECT j.type, "
         f"SUM(CASE WHEN j.state = 'ready' AND j.run_at <= ? AND {visible} THEN 1 ELSE 0 END), "
-        f"SUM(CASE WHEN j.state = 'ready' AND j.run_at > ? AND {visible} THEN 1 ELSE 0 END), "
+        f"SUM(CASE WHEN j.state = 'ready' AND j.run_at > ? AND j.run_at < {WAIT_AT!r} "
+        f"AND {visible} THEN 1 ELSE 0 END), "
         f"SUM(CASE WHEN j.state = 'ready' AND NOT {visible} THEN 1 ELSE 0 END), "
         "SUM(CASE WHEN j.state = 'running' AND j.lease_expires_at > ? THEN 1 ELSE 0 END), "
         "SUM(CASE WHEN j.state = 'running' AND j.lease_expires_at <= ? THEN 1 ELSE 0 END), "
         "SUM(CASE WHEN j.state = 'done' THEN 1 ELSE 0 END), "
-        "SUM(CASE WHEN j.state = 'failed' THEN 1 ELSE 0 END), "
+        "SUM(CASE WHEN j.state = 'failed' AND j.cancelled_at IS NULL THEN 1 ELSE 0 END), "
+        "SUM(CASE WHEN j.cancelled_at IS NOT NULL THEN 1 ELSE 0 END), "
+        f"SUM(CASE WHEN j.state = 'ready' AND j.run_at >= {WAIT_AT!r} THEN 1 ELSE 0 END), "
         f"MIN(CASE WHEN j.state = 'ready' AND j.run_at <= ? AND {visible} THEN j.run_at END), "
         "SUM(CASE WHEN j.state = 'done' AND j.finished_at >= ? THEN 1 ELSE 0 END) "
         "FROM homing_jobs j LEFT JOIN homing_job_batches b ON b.batch_id = j.batch_id "
@@ -494,7 +510,9 @@ def stats(tx: Tx, *, now: float, window: float) -> list[dict[str, Any]]:
         (now, now, now, now, now, now - window),
     )
     out = []
-    for type_, ready, scheduled, staged, running, expired, done, failed, oldest, recent in rows:
+    for row in rows:
+        type_, ready, scheduled, staged, running, expired, done, failed, cancelled = row[:9]
+        waiting, oldest, recent = row[9:]
         out.append(
             {
                 "type": type_,
@@ -505,6 +523,8 @@ def stats(tx: Tx, *, now: float, window: float) -> list[dict[str, Any]]:
                 "expired": int(expired or 0),
                 "done": int(done or 0),
                 "failed": int(failed or 0),
+                "cancelled": int(cancelled or 0),
+                "waiting": int(waiting or 0),
                 "oldest_ready_age_s": (now - float(oldest)) if oldest is not None else None,
                 "done_per_s": int(recent or 0) / window,
             }

@@ -15,6 +15,7 @@ import queue
 from typing import TYPE_CHECKING
 
 from homing.errors import InvalidState, JobNotFound, StaleLease
+from homing.worker.context import lost_label
 from homing.worker.outcome import OnCompleteFailed, Outcome, failure_outcome, record
 
 if TYPE_CHECKING:
@@ -76,7 +77,8 @@ def write_completions(w: Worker, items: list[Outcome]) -> None:
     lost = {job.id: exc for job, exc in refused}
     for o in items:
         if o.ctx.job.id in lost:
-            w.finish_job(o.ctx, "lease_lost", error=str(lost[o.ctx.job.id]))
+            why = lost[o.ctx.job.id]
+            w.finish_job(o.ctx, lost_label(why), error=str(why))
         else:
             w.finish_job(o.ctx, o.label)
 
@@ -106,7 +108,7 @@ def write(w: Worker, items: list[Outcome]) -> None:
         return
     for o in items:
         if o.result is not None:
-            w.finish_job(o.ctx, "lease_lost", error=str(o.result))
+            w.finish_job(o.ctx, lost_label(o.result), error=str(o.result))
         else:
             w.finish_job(o.ctx, o.label, error=o.error, retry_in=o.retry_in)
 

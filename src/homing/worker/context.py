@@ -13,7 +13,7 @@ from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 from homing.database import Transaction
-from homing.errors import InvalidArgument, InvalidState, StaleLease
+from homing.errors import InvalidArgument, InvalidState, JobCancelled, JobTimedOut, StaleLease
 from homing.jobs import Job, JobSpec
 from homing.worker.handler import Handler
 
@@ -24,6 +24,15 @@ if TYPE_CHECKING:
 class LeaseLost(StaleLease):
     """The worker lost the job's lease (another worker holds it, or it was released at
     shutdown); the handler's transaction was rolled back and the job was not completed here."""
+
+
+def lost_label(exc: BaseException | None) -> str:
+    """The outcome a refused completion counts as: cancelled, timed_out or lease_lost."""
+    if isinstance(exc, JobCancelled):
+        return "cancelled"
+    if isinstance(exc, JobTimedOut):
+        return "timed_out"
+    return "lease_lost"
 
 
 def describe(exc: BaseException) -> str:
@@ -55,6 +64,9 @@ class JobContext:
         self._on_complete: list[Callable[[Transaction], Any]] = []
         self._lost = threading.Event()
         self._lost_reason = ""
+        self.lost_kind = "lease_lost"  # or "cancelled", "timed_out"
+        self.deadline: float | None = None  # store-clock time this attempt must end by
+        self._timer: threading.Timer | None = None
         self._runner_ident: int | None = None
         self._requests: queue.SimpleQueue[Any] | None = None
         self._task: asyncio.Task[Any] | None = None
@@ -65,10 +77,22 @@ class JobContext:
         """True once this worker no longer holds the job; the handler should stop early."""
         return self._lost.is_set()
 
-    def _mark_lost(self, reason: str) -> None:
+    @property
+    def cancelled(self) -> bool:
+        """True once the job was cancelled (``db.cancel``): stop early; its completion is
+        refused anyway. An async handler is cancelled (``asyncio.CancelledError``)."""
+        return self._lost.is_set() and self.lost_kind == "cancelled"
+
+    @property
+    def timed_out(self) -> bool:
+        """True once this attempt ran past its timeout (the job was failed, retryable)."""
+        return self._lost.is_set() and self.lost_kind == "timed_out"
+
+    def _mark_lost(self, reason: str, kind: str = "lease_lost") -> None:
         if self._lost.is_set():
             return
         self._lost_reason = reason
+        self.lost_kind = kind
         self._lost.set()
         task, loop = self._task, self._worker._loop
         if task is not None and loop is not None:

@@ -34,6 +34,7 @@ class Handler:
     fn: Callable[..., Any]
     is_async: bool
     retry: RetryPolicy
+    timeout: float | None = None  # seconds an attempt may run (see worker/timeouts.py)
 
 
 class Handlers(Protocol):

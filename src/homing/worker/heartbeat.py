@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from homing.errors import InvalidState, JobNotFound, StaleLease
+from homing.errors import InvalidState, JobCancelled, JobNotFound, StaleLease
 
 if TYPE_CHECKING:
     from homing.worker.runtime import Worker
@@ -25,11 +25,18 @@ def keep_leases(w: Worker) -> None:
                 continue
             if ctx.job.lease_expires_at - now > w.lock_for / 2:
                 continue
+            lock_for = w.lock_for
+            if ctx.deadline is not None:  # never past the attempt's timeout
+                lock_for = min(lock_for, ctx.deadline - now)
+                if lock_for <= 0 or ctx.job.lease_expires_at >= ctx.deadline:
+                    continue
             try:
-                w.db.extend(ctx.job, w.lock_for)
+                w.db.extend(ctx.job, lock_for, not_after=ctx.deadline)
             except (StaleLease, JobNotFound) as exc:
                 ctx._mark_lost(f"lease lost: {exc}")
                 log.warning("job %s: lease lost; its completion will be refused", ctx.job.handle)
+            except JobCancelled as exc:
+                ctx._mark_lost(str(exc), "cancelled")
             except InvalidState:
                 pass  # finished meanwhile
             except Exception as exc:  # try again next beat

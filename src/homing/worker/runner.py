@@ -11,8 +11,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from homing._failpoints import failpoint
-from homing.errors import StaleLease
-from homing.worker.context import JobContext, LeaseLost, describe
+from homing.errors import JobCancelled, JobTimedOut, StaleLease
+from homing.worker import timeouts
+from homing.worker.context import JobContext, LeaseLost, describe, lost_label
 from homing.worker.outcome import Outcome, failure_outcome
 
 if TYPE_CHECKING:
@@ -34,8 +35,8 @@ def run_jobs(w: Worker) -> None:
             return
         if ctx.phase != "queued":
             continue
-        if ctx.lease_lost:  # lost (or released at shutdown) before it started
-            w.finish_job(ctx, "lease_lost", error=ctx._lost_reason)
+        if ctx.lease_lost:  # lost, cancelled (or released at shutdown) before it started
+            w.finish_job(ctx, ctx.lost_kind, error=ctx._lost_reason)
             continue
         try:
             execute(w, ctx)
@@ -65,6 +66,7 @@ def execute(w: Worker, ctx: JobContext) -> None:
         )
         return
     error: BaseException | None = None
+    timeouts.arm(w, ctx)
     try:
         if handler.is_async:
             run_async(w, ctx)
@@ -72,6 +74,8 @@ def execute(w: Worker, ctx: JobContext) -> None:
             handler.fn(job, ctx)
     except BaseException as exc:  # every handler failure is recorded
         error = exc
+    finally:
+        timeouts.disarm(ctx)
     if error is None and ctx.lease_lost:
         error = LeaseLost(f"job {job.handle}: {ctx._lost_reason}")
     if error is None:
@@ -80,8 +84,9 @@ def execute(w: Worker, ctx: JobContext) -> None:
             return
     else:
         rollback(w, ctx, error)
-    if ctx.lease_lost or isinstance(error, StaleLease):
-        w.finish_job(ctx, "lease_lost", error=str(error))
+    if ctx.lease_lost or isinstance(error, StaleLease | JobCancelled | JobTimedOut):
+        label = ctx.lost_kind if ctx.lease_lost else lost_label(error)
+        w.finish_job(ctx, label, error=str(error))
         return
     w.submit(failure_outcome(w, ctx, error))
 

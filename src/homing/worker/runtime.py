@@ -38,10 +38,11 @@ from typing import Any
 from homing.database import Database, ShardedDatabase, Transaction, connect
 from homing.errors import ConfigurationError, InvalidArgument, InvalidState, JobNotFound, StaleLease
 from homing.jobs import Job, check_seconds
-from homing.worker import completer, fetcher, heartbeat, housekeeper, runner
+from homing.worker import completer, fetcher, heartbeat, housekeeper, runner, watcher
 from homing.worker.context import JobContext
 from homing.worker.handler import Handlers
 from homing.worker.outcome import Outcome
+from homing.worker.scheduler import Scheduler
 
 log = logging.getLogger("homing.worker")
 
@@ -51,6 +52,8 @@ _COUNTERS = {
     "retry": "retried",
     "failed": "failed",
     "lease_lost": "lease_lost",
+    "cancelled": "cancelled",
+    "timed_out": "timed_out",
 }
 
 
@@ -66,6 +69,8 @@ class WorkerStats:
     retried: int = 0
     failed: int = 0
     lease_lost: int = 0
+    cancelled: int = 0  # the job was cancelled while this worker held it
+    timed_out: int = 0  # the attempt ran past its timeout (failed, retryable)
     released: int = 0
     errors: int = 0
 
@@ -85,7 +90,9 @@ class Worker:
     ``homing gc`` passes run by this worker, default an hour, 0 to leave it to a cron
     job), ``gather`` (seconds an idle worker woken by an insert waits before it grabs, so
     that one grab and one completion commit cover the jobs of the next moments; default
-    5 ms; 0 grabs at once), ``name``.
+    5 ms; 0 grabs at once), ``watch_every`` (seconds between looks for cancelled jobs among
+    those held, default 0.5), ``schedules`` (run the app's periodic schedules, default
+    True), ``name``.
     """
 
     def __init__(
@@ -105,6 +112,8 @@ class Worker:
         prefetch: int | None = None,
         gc_every: float = 3600.0,
         gather: float = 0.005,
+        watch_every: float = 0.5,
+        schedules: bool = True,
         name: str = "worker",
     ) -> None:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
@@ -133,6 +142,8 @@ class Worker:
         self.until_idle = until_idle
         self.gc_every = check_seconds("gc_every", gc_every, allow_zero=True)
         self.gather = check_seconds("gather", gather, allow_zero=True)
+        self.watch_every = check_seconds("watch_every", watch_every, allow_zero=False)
+        self.schedules = list(getattr(app, "schedules", [])) if schedules else []
         if prefetch is None:
             prefetch = max(4, concurrency)
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
@@ -201,6 +212,10 @@ class Worker:
         self._spawn("fetcher", lambda: fetcher.fetch_jobs(self))
         if self.gc_every > 0 and not self.until_idle:
             self._spawn("housekeeper", lambda: housekeeper.keep_tidy(self))
+        self._spawn("watcher", lambda: watcher.watch_cancels(self))
+        if self.schedules and not self.until_idle:
+            ticker = Scheduler(self.db, self.schedules)
+            self._spawn("scheduler", lambda: ticker.run(self._stopping))
         log.info(
             "worker %s started: types=%s concurrency=%d lock_for=%gs on %s",
             self.worker_id,

@@ -140,6 +140,58 @@ _V2_POSTGRES = (
 # writes need no WAL flush. SQLite has no notifications; the table is there, unused.
 _IDLE = "homing_idle_workers (channel TEXT PRIMARY KEY, since {real} NOT NULL)"
 
+
+# Version 4: the job features of issue 16 (see docs/jobs.md "Cancel, pause, limits,
+# timeouts, periodic jobs").
+# - cancelled_at: a cancelled job is stored as state 'failed' with cancelled_at set (the
+#   CHECK on state cannot be changed in place on SQLite, and other components' migrations
+#   add columns to homing_jobs, so the table cannot be rebuilt here); the API reports it as
+#   state 'cancelled' and redrive refuses it.
+# - timeout_s: a job's own timeout (the worker applies the shorter of it and its type's).
+# - homing_job_types: per-type controls (pause, concurrency and rate limits, per-key
+#   concurrency); read by grabbers at most twice a second, so an unused feature costs the
+#   grab nothing.
+# - homing_job_starts: the grabs of rate-limited types within their window (bounded: at
+#   most the limit per type; older rows are deleted by the next grab of the type).
+# - homing_schedules: periodic jobs and their last tick (exactly one job per tick).
+# - homing_jobs_parent: cancel_children finds a parent's children without a scan.
+def _v4(real: str) -> tuple[str, ...]:
+    return (
+        f"ALTER TABLE homing_jobs ADD COLUMN cancelled_at {real}",
+        f"ALTER TABLE homing_jobs ADD COLUMN timeout_s {real}",
+        "CREATE INDEX homing_jobs_parent ON homing_jobs (parent_id) WHERE parent_id IS NOT NULL",
+        f"""CREATE TABLE homing_job_types (
+            type TEXT PRIMARY KEY,
+            paused INTEGER NOT NULL DEFAULT 0,
+            max_running INTEGER,
+            rate_limit INTEGER,
+            rate_per {real},
+            key_field TEXT,
+            key_limit INTEGER,
+            updated_at {real} NOT NULL
+        )""",
+        f"CREATE TABLE homing_job_starts (type TEXT NOT NULL, at {real} NOT NULL)",
+        "CREATE INDEX homing_job_starts_type ON homing_job_starts (type, at)",
+        f"""CREATE TABLE homing_schedules (
+            name TEXT PRIMARY KEY,
+            cron TEXT NOT NULL,
+            tz TEXT NOT NULL,
+            type TEXT NOT NULL,
+            args TEXT NOT NULL,
+            priority INTEGER NOT NULL DEFAULT 0,
+            missed TEXT NOT NULL CHECK (missed IN ('once', 'all', 'skip')),
+            last_tick {real},
+            created_at {real} NOT NULL,
+            updated_at {real} NOT NULL
+        )""",
+    )
+
+
+_DEPS = (
+    "CREATE TABLE homing_job_deps (job_id TEXT NOT NULL, after_id TEXT NOT NULL, "
+    "run_at {real} NOT NULL, PRIMARY KEY (job_id, after_id))"
+)
+
 MIGRATIONS: list[Migration] = [
     Migration(1, "jobs", _SQLITE, _POSTGRES),
     Migration(2, "ready_index", _V2_SQLITE, _V2_POSTGRES),
@@ -148,5 +200,14 @@ MIGRATIONS: list[Migration] = [
         "idle_workers",
         ("CREATE TABLE " + _IDLE.format(real="REAL"),),
         ("CREATE UNLOGGED TABLE " + _IDLE.format(real="DOUBLE PRECISION"),),
+    ),
+    Migration(4, "job_controls", _v4("REAL"), _v4("DOUBLE PRECISION")),
+    # Version 5: job dependencies (insert(..., after=[handles])): one row per dependency
+    # of a waiting job, deleted when the job is released or cancelled (job_deps_queries).
+    Migration(
+        5,
+        "job_deps",
+        (_DEPS.format(real="REAL"),),
+        (_DEPS.format(real="DOUBLE PRECISION"),),
     ),
 ]
