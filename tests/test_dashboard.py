@@ -133,6 +133,28 @@ def test_actions_need_the_csrf_token_and_change_the_store(
     assert client.post(f"/jobs/{handle}/explode", data={"csrf": token}).status_code == 404
 
 
+def test_cancel_from_the_dashboard(served: tuple[homing.JobAPI, httpx.Client]) -> None:
+    """Cancel (issue 16) from the job page: a ready job never runs, a running one's
+    completion is refused; both show as cancelled."""
+    db, client = served
+    ready = db.insert("email", {"n": 1})
+    token = _csrf(client, f"/jobs/{ready}")
+    assert client.post(f"/jobs/{ready}/cancel").status_code == 403  # no CSRF token
+    assert db.details(ready).state == "ready"
+    assert client.post(f"/jobs/{ready}/cancel", data={"csrf": token}).status_code == 200
+    assert db.details(ready).state == "cancelled"
+    assert db.grab(["email"], lock_for=60) is None
+
+    running = db.insert("email", {"n": 2})
+    job = db.grab(["email"], lock_for=60)
+    assert job is not None and job.handle == running
+    assert client.post(f"/jobs/{running}/cancel", data={"csrf": token}).status_code == 200
+    with pytest.raises(homing.JobCancelled):
+        db.complete(job)
+    assert db.details(running).state == "cancelled"
+    assert "cancelled" in client.get("/").text
+
+
 def test_a_running_job_is_left_to_its_holder(served: tuple[homing.JobAPI, httpx.Client]) -> None:
     db, client = served
     handle = db.insert("email", {})

@@ -17,6 +17,7 @@ from typing import Any
 
 from homing.errors import InvalidArgument
 from homing.store import jobs_queries as jq
+from homing.store.job_deps_queries import WAIT_AT
 from homing.store.protocol import Tx
 
 # States a filter may name: the stored ones, plus "scheduled" (ready, not yet due) and
@@ -64,8 +65,11 @@ def _filter_sql(tx: Tx, f: JobFilter, now: float) -> tuple[str, list[Any]]:
     # ready and scheduled jobs through the ready index (its predicate: batch_id IS NULL);
     # "staged" jobs are those still in a Spark batch (committed ones until grabbed)
     if f.state == "scheduled":
-        clauses.append("state = 'ready' AND batch_id IS NULL AND run_at > ?")
-        params.append(now)
+        clauses.append("state = 'ready' AND batch_id IS NULL AND run_at > ? AND run_at < ?")
+        params += [now, WAIT_AT]
+    elif f.state == "waiting":  # for its dependencies (after=): never due until released
+        clauses.append("state = 'ready' AND batch_id IS NULL AND run_at >= ?")
+        params.append(WAIT_AT)
     elif f.state == "ready":
         clauses.append("state = 'ready' AND batch_id IS NULL AND run_at <= ?")
         params.append(now)
@@ -76,8 +80,12 @@ def _filter_sql(tx: Tx, f: JobFilter, now: float) -> tuple[str, list[Any]]:
         params.append(now)
     elif f.state in ("running", "done"):
         clauses.append(f"state = '{f.state}'")
-    elif f.state:  # failed, cancelled, ...: the partial index of unsuccessful jobs
-        clauses.append("state NOT IN ('ready', 'running', 'done') AND state = ?")
+    elif f.state == "cancelled":  # stored as failed with cancelled_at (jobs migration 4)
+        clauses.append("state NOT IN ('ready', 'running', 'done') AND cancelled_at IS NOT NULL")
+    elif f.state:  # failed, ...: the partial index of unsuccessful jobs
+        clauses.append(
+            "state NOT IN ('ready', 'running', 'done') AND state = ? AND cancelled_at IS NULL"
+        )
         params.append(f.state)
     if f.where:
         clause, more = jq.compile_where(tx.sql, f.where)
@@ -87,6 +95,10 @@ def _filter_sql(tx: Tx, f: JobFilter, now: float) -> tuple[str, list[Any]]:
 
 
 # -- overview ----------------------------------------------------------------------------
+# a cancelled job is stored as failed with cancelled_at (jobs migration 4)
+_SHOWN_STATE = "CASE WHEN cancelled_at IS NOT NULL THEN 'cancelled' ELSE state END"
+
+
 def _bump(out: dict[str, dict[str, Any]], type_: str, key: str, n: Any) -> None:
     row = out.setdefault(str(type_), {})
     row[key] = row.get(key, 0) + int(n or 0)
@@ -97,14 +109,17 @@ def type_counts(tx: Tx, *, now: float) -> dict[str, dict[str, Any]]:
     and the oldest due ready job's ``run_at`` (``oldest_ready_at``). What finished
     recently comes from :func:`finished`."""
     out: dict[str, dict[str, Any]] = {}
-    for type_, ready, scheduled, oldest in tx.query(
+    for type_, ready, scheduled, waiting, oldest in tx.query(
         "SELECT type, SUM(CASE WHEN run_at <= ? THEN 1 ELSE 0 END), "
-        "SUM(CASE WHEN run_at > ? THEN 1 ELSE 0 END), MIN(CASE WHEN run_at <= ? THEN run_at END) "
+        "SUM(CASE WHEN run_at > ? AND run_at < ? THEN 1 ELSE 0 END), "
+        "SUM(CASE WHEN run_at >= ? THEN 1 ELSE 0 END), MIN(CASE WHEN run_at <= ? THEN run_at END) "
         "FROM homing_jobs WHERE state = 'ready' AND batch_id IS NULL GROUP BY type",
-        (now, now, now),
+        (now, now, WAIT_AT, WAIT_AT, now),
     ):
         _bump(out, type_, "ready", ready)
         _bump(out, type_, "scheduled", scheduled)
+        if waiting:
+            _bump(out, type_, "waiting", waiting)
         if oldest is not None:
             out[str(type_)]["oldest_ready_at"] = float(oldest)
     for type_, bstate, n, oldest in tx.query(
@@ -125,8 +140,8 @@ def type_counts(tx: Tx, *, now: float) -> dict[str, dict[str, Any]]:
         _bump(out, type_, "running", running)
         _bump(out, type_, "expired", expired)
     for type_, state, n in tx.query(
-        "SELECT type, state, COUNT(*) FROM homing_jobs "
-        "WHERE state NOT IN ('ready', 'running', 'done') GROUP BY type, state"
+        f"SELECT type, {_SHOWN_STATE}, COUNT(*) FROM homing_jobs "
+        "WHERE state NOT IN ('ready', 'running', 'done') GROUP BY 1, 2"
     ):
         _bump(out, type_, str(state), n)
     return out
@@ -145,8 +160,8 @@ def finished(
         else "CAST((finished_at - ?) / ? AS INTEGER)"
     )
     rows = tx.query(
-        f"SELECT type, state, {slot} AS slot, COUNT(*) FROM homing_jobs "
-        "WHERE finished_at >= ? GROUP BY type, state, slot",
+        f"SELECT type, {_SHOWN_STATE}, {slot} AS slot, COUNT(*) FROM homing_jobs "
+        "WHERE finished_at >= ? GROUP BY 1, 2, 3",
         (start, bucket, start),
     )
     return [(str(t), str(st), int(sl), int(n)) for t, st, sl, n in rows]
