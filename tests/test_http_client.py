@@ -1,11 +1,15 @@
 """The dispatcher's HTTP/1.1 client (homing.http._client) against raw asyncio servers:
 keep-alive reuse, framing (length, chunked, until close), timeouts, connection limits,
-redirects not followed, header injection refused, and the request-forgery pin."""
+redirects not followed, header injection refused, TLS verification (openssl-made
+certificates), and the request-forgery pin."""
 
 from __future__ import annotations
 
 import asyncio
+import ssl
+import subprocess
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 
@@ -178,5 +182,64 @@ def test_pinning_refuses_private_addresses_unless_allowed() -> None:
                 await client.request("POST", url)
         public = pinning((), resolver=lambda host, p: ["127.0.0.1"] if host == "x" else [])
         assert await public("8.8.8.8", 80) == "8.8.8.8"
+
+    run(main())
+
+
+def _self_signed(tmp_path: Path, name: str) -> tuple[Path, Path]:
+    cert, key = tmp_path / f"{name}.pem", tmp_path / f"{name}.key"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            f"/CN={name}",
+            "-addext",
+            f"subjectAltName=DNS:{name}",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
+
+
+def test_tls_verifies_the_certificate_and_the_host_name(tmp_path: Path) -> None:
+    cert, key = _self_signed(tmp_path, "localhost")
+    other, other_key = _self_signed(tmp_path, "other.example")
+
+    async def main() -> None:
+        for chain, secret, ok in ((cert, key, True), (other, other_key, False)):
+            server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            server_ctx.load_cert_chain(chain, secret)
+            server = await asyncio.start_server(
+                lambda r, w: echo_keepalive(r, w), "127.0.0.1", 0, ssl=server_ctx
+            )
+            port = server.sockets[0].getsockname()[1]
+            trusting = ssl.create_default_context(cafile=str(chain))
+            async with server, Client(max_connections=2, timeout=5, ssl_context=trusting) as c:
+                if ok:
+                    r = await c.request("POST", f"https://localhost:{port}/t", content=b"s")
+                    assert r.content == b"POST /t HTTP/1.1|s"
+                else:  # a certificate for another name
+                    with pytest.raises(ConnectError):
+                        await c.request("POST", f"https://localhost:{port}/t")
+            if ok:  # not signed by a CA the default context trusts
+                server = await asyncio.start_server(
+                    lambda r, w: echo_keepalive(r, w), "127.0.0.1", 0, ssl=server_ctx
+                )
+                port = server.sockets[0].getsockname()[1]
+                async with server, Client(max_connections=2, timeout=5) as c:
+                    with pytest.raises(ConnectError):
+                        await c.request("POST", f"https://localhost:{port}/t")
 
     run(main())
