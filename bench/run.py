@@ -223,9 +223,12 @@ def run_external(name: str, out: Path, log: Any, timeout: float) -> list[dict[st
             rows = {r["name"]: r for r in next(iter(doc["runs"].values()))["results"]}
             pair = (
                 rows["homing send (Option 2)"]["msgs_per_s"],
-                rows["plain httpx POST"]["msgs_per_s"],
+                rows["plain POST (homing's client)"]["msgs_per_s"],
             )
-            what = "homing send (Option 2, durable) vs plain POST to a no-op endpoint, same server"
+            what = (
+                "homing send (Option 2, durable) vs plain POST to a no-op endpoint, same "
+                "server, same HTTP client (the dispatcher's)"
+            )
         return [
             {"system": names[0], "ok": True, "rate": pair[0], "wall_s": wall, "durability": what},
             {"system": names[1], "ok": True, "rate": pair[1], "wall_s": wall, "durability": what},

@@ -10,6 +10,7 @@ keys on ``origin + path`` (no query).
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
 from collections.abc import Mapping
@@ -23,6 +24,7 @@ from homing.store.protocol import Tx
 T = TypeVar("T")
 
 
+@functools.lru_cache(maxsize=4096)  # called for every row: a few destinations, many rows
 def origin(url: str) -> str:
     p = urlsplit(url)
     return f"{p.scheme}://{p.netloc}".lower()
@@ -30,6 +32,8 @@ def origin(url: str) -> str:
 
 def for_endpoint(by_endpoint: Mapping[str, T], url: str) -> T | None:
     """The setting for ``url``: by the URL itself, else its origin, else ``"*"``."""
+    if not by_endpoint:
+        return None
     for key in (url, origin(url), "*"):
         if key in by_endpoint:
             return by_endpoint[key]

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import base64
 import functools
+import json
 import logging
 from typing import TYPE_CHECKING, Any
 
-import httpx
-
 from homing.http import wire
+from homing.http._client import HttpError
 from homing.http._endpoints import origin
 from homing.http._waiters import notify_changed
 from homing.store import http_queries as q
@@ -34,7 +34,7 @@ async def confirm(d: Dispatcher, clients: Clients, row: q.OutboxRow, url: str, t
         resp = await client.delete(url, headers=headers)
         ok = resp.status_code < 500 and resp.status_code not in (408, 429)
         error = f"DELETE {url} answered {resp.status_code}"
-    except httpx.HTTPError as exc:
+    except HttpError as exc:
         ok, error = False, f"DELETE {url}: {type(exc).__name__}: {exc}"
     d.stats["deletes"] += 1
     assert d._group is not None
@@ -52,10 +52,10 @@ async def check_job(d: Dispatcher, clients: Clients, row: q.OutboxRow, token: st
     try:
         resp = await client.get(row.status_url, headers=headers)
         if resp.status_code == 200:
-            found = resp.json().get("result")
+            found = json.loads(resp.content).get("result")
             if isinstance(found, dict) and found.get("state") == "failed":
                 result = found
-    except (httpx.HTTPError, ValueError, AttributeError) as exc:
+    except (HttpError, ValueError, AttributeError) as exc:
         log.info("status check of job %s failed: %s", row.id, exc)
     assert d._group is not None
     await d._group.run(functools.partial(_job_checked, d, row, token, result))

@@ -5,84 +5,51 @@ later; a name that resolved to a public address then may resolve to 127.0.0.1 by
 of the call. The HTTP client used for URLs a peer gave us therefore resolves the name
 itself at connect time, refuses the connection if any address is not public, and connects
 to the address it checked (the TLS server name stays the URL's host), so no second lookup
-can change where the bytes go. Redirects are never followed (httpx's default).
+can change where the bytes go. Redirects are never followed.
 """
 
 from __future__ import annotations
 
 import asyncio
-import typing
 from collections.abc import Iterable
 
-import httpcore
-import httpx
-
 from homing.http import wire
+from homing.http._client import ConnectError, ConnectTo
 
 
-class RefusedAddress(httpcore.ConnectError):
+class RefusedAddress(ConnectError):
     """The name resolved to an address homing will not call (request forgery guard)."""
 
 
-class _PinningBackend(httpcore.AsyncNetworkBackend):
-    def __init__(self, allowed_hosts: Iterable[str], resolver: wire.Resolver) -> None:
-        self.allowed_hosts = tuple(allowed_hosts)
-        self.resolver = resolver
-        self._inner = httpcore.AnyIOBackend()
+def pinning(allowed_hosts: Iterable[str], resolver: wire.Resolver | None = None) -> ConnectTo:
+    """The guarded client's connect hook: the address to connect to, checked just now.
 
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: typing.Iterable[typing.Any] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
-        if not wire.is_allowed(host, port, self.allowed_hosts):
-            if wire.unsafe_address(host) is None:
-                addrs = [host.strip("[]")]
-            else:
-                try:
-                    addrs = await asyncio.to_thread(self.resolver, host, port)
-                except OSError as exc:
-                    raise httpcore.ConnectError(f"{host} does not resolve: {exc}") from exc
-            for addr in addrs:
-                problem = wire.unsafe_address(addr)
-                if problem is not None:
-                    raise RefusedAddress(
-                        f"{host} resolves to a non-public address at connect time "
-                        f"({problem}); refused to prevent request forgery"
-                    )
-            if not addrs:
-                raise httpcore.ConnectError(f"{host} resolves to no address")
-            host = addrs[0]  # pinned: connect to the address just checked
-        return await self._inner.connect_tcp(
-            host,
-            port,
-            timeout=timeout,
-            local_address=local_address,
-            socket_options=socket_options,
-        )
+    A host in ``allowed_hosts`` is connected to as it is; an IP literal is checked; a name
+    is resolved here, every address it has must be public, and the first one is returned
+    so that the connection goes to the address that was checked (TLS still verifies the
+    URL's host name)."""
+    allowed = tuple(allowed_hosts)
+    resolve = resolver or wire.system_resolver
 
-    async def connect_unix_socket(
-        self,
-        path: str,
-        timeout: float | None = None,
-        socket_options: typing.Iterable[typing.Any] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
-        raise httpcore.ConnectError("unix sockets are not called for peer-given URLs")
+    async def connect_to(host: str, port: int) -> str:
+        if wire.is_allowed(host, port, allowed):
+            return host
+        if wire.unsafe_address(host) is None:
+            addrs = [host.strip("[]")]
+        else:
+            try:
+                addrs = await asyncio.to_thread(resolve, host, port)
+            except OSError as exc:
+                raise ConnectError(f"{host} does not resolve: {exc}") from exc
+        for addr in addrs:
+            problem = wire.unsafe_address(addr)
+            if problem is not None:
+                raise RefusedAddress(
+                    f"{host} resolves to a non-public address at connect time "
+                    f"({problem}); refused to prevent request forgery"
+                )
+        if not addrs:
+            raise ConnectError(f"{host} resolves to no address")
+        return addrs[0]  # pinned: connect to the address just checked
 
-    async def sleep(self, seconds: float) -> None:
-        await self._inner.sleep(seconds)
-
-
-def guarded_transport(
-    limits: httpx.Limits, allowed_hosts: Iterable[str], resolver: wire.Resolver | None = None
-) -> httpx.AsyncHTTPTransport:
-    """An httpx transport whose every connection goes to a checked, pinned address."""
-    transport = httpx.AsyncHTTPTransport(limits=limits)
-    pool = transport._pool
-    if not isinstance(pool, httpcore.AsyncConnectionPool):  # pragma: no cover - httpx changed
-        raise RuntimeError("unexpected httpx transport; cannot pin peer addresses")
-    pool._network_backend = _PinningBackend(allowed_hosts, resolver or wire.system_resolver)
-    return transport
+    return connect_to

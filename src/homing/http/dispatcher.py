@@ -1,6 +1,6 @@
 """The dispatcher: drains the outbox over HTTP until every message is acknowledged.
 
-It runs in a thread of its own (an asyncio loop with one keep-alive ``httpx.AsyncClient``),
+It runs in a thread of its own (an asyncio loop with keep-alive HTTP/1.1 clients, ``_client``),
 inside the caller's process or in ``homing serve``. Several dispatchers may share a store:
 each claims rows with a lease and a token, and only the holder of the token may record the
 outcome (fencing). A dispatcher killed mid-request loses nothing: the row's lease expires
@@ -21,13 +21,12 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
-import httpx
-
 from homing import ids
 from homing._failpoints import failpoint
 from homing.database import Database
 from homing.errors import InvalidArgument
 from homing.http import _followups, standard, wire
+from homing.http._client import Client, HttpError
 from homing.http._endpoints import (
     Endpoints,
     Slot,
@@ -39,7 +38,7 @@ from homing.http._endpoints import (
     target,
 )
 from homing.http._group import GroupCommit
-from homing.http._netguard import RefusedAddress, guarded_transport
+from homing.http._netguard import RefusedAddress, pinning
 from homing.http._waiters import notify_changed
 from homing.http.policy import DEFAULT_FATAL_STATUSES, EndpointLimit, RetryPolicy, is_fatal
 from homing.store import http_queries as q
@@ -52,8 +51,8 @@ DEADLINE_PREFIX = "the absurd deadline passed"
 
 
 class Clients(NamedTuple):
-    trusted: httpx.AsyncClient  # destinations the application chose itself
-    guarded: httpx.AsyncClient  # URLs a peer gave us: addresses checked and pinned
+    trusted: Client  # destinations the application chose itself
+    guarded: Client  # URLs a peer gave us: addresses checked and pinned
 
 
 class Dispatcher:
@@ -173,7 +172,14 @@ class Dispatcher:
                 pass  # the loop closed meanwhile
 
     def _main(self) -> None:
-        asyncio.run(self._run())
+        try:  # uvloop (uvicorn's loop, when installed) costs less CPU per request
+            import uvloop
+
+            factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
+        except ImportError:  # pragma: no cover - uvloop is optional
+            factory = None
+        with asyncio.Runner(loop_factory=factory) as runner:
+            runner.run(self._run())
 
     async def _db(self, fn: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()
@@ -184,9 +190,6 @@ class Dispatcher:
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self._started.set()
-        limits = httpx.Limits(
-            max_connections=self.max_in_flight, max_keepalive_connections=self.max_in_flight
-        )
         self._group = GroupCommit(self.db.store, self._db)
         in_flight: set[asyncio.Task[None]] = set()
         token = f"{socket.gethostname()}:{os.getpid()}:{ids.uuid7()}"
@@ -194,12 +197,13 @@ class Dispatcher:
             await self._db(self._release_dead_claims)
         except Exception as exc:
             log.warning("could not release the claims of dead dispatchers: %s", exc)
-        guarded = httpx.AsyncClient(
-            transport=guarded_transport(limits, self.allowed_hosts, self.resolver),
+        guarded = Client(
+            max_connections=self.max_in_flight,
             timeout=self.request_timeout,
+            connect_to=pinning(self.allowed_hosts, self.resolver),
         )
         async with (
-            httpx.AsyncClient(limits=limits, timeout=self.request_timeout) as trusted,
+            Client(max_connections=self.max_in_flight, timeout=self.request_timeout) as trusted,
             guarded,
         ):
             client = Clients(trusted, guarded)
@@ -362,9 +366,9 @@ class Dispatcher:
             resp = await client.request(
                 row.method, row.url, content=row.body, headers=self._headers(row)
             )
-        except httpx.HTTPError as exc:  # connection refused/reset, timeout, protocol error
+        except HttpError as exc:  # connection refused/reset, timeout, protocol error
             error = f"{type(exc).__name__}: {exc}"
-            if isinstance(exc.__cause__, RefusedAddress):  # no retry makes it safe
+            if isinstance(exc, RefusedAddress):  # no retry makes it safe
                 await self._db(self._fail_row, row, token, error, None)
             else:
                 await self._db(self._retry_row, row, token, error, None)

@@ -20,10 +20,12 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -33,6 +35,7 @@ from homing._failpoints import failpoint
 from homing.database import Database
 from homing.errors import InvalidArgument
 from homing.http import _ingress, standard, wire
+from homing.http._fastpath import NodeFastPath, route_path
 from homing.http._group import GroupCommit
 from homing.http._inbox import Answer, Handler, Inbox, Refused, stored_answer
 from homing.http._replies import job_status, store_reply
@@ -44,6 +47,7 @@ from homing.store import http_queries as q
 from homing.store.protocol import Tx
 
 log = logging.getLogger("homing.http")
+T = TypeVar("T")
 
 __all__ = ["Handler", "Receiver", "gc"]
 DEFAULT_RETENTION_S = 7 * 24 * 3600.0
@@ -137,7 +141,12 @@ class Receiver:
             on_reply=self._wake_dispatcher,
         )
         self._worker = InboxWorker(db, self.inbox, workers=workers, retention=self.retention)
+        self._commit_pool = ThreadPoolExecutor(2, thread_name_prefix="homing-in-commit")
+        fast = Middleware(
+            NodeFastPath, nodes=self._nodes, reply_path=self.reply_path, endpoint=self._receive
+        )
         self.app = Starlette(
+            middleware=[fast],
             routes=[
                 Route(INTERNAL + "/info", self._info, methods=["GET"]),
                 Route(INTERNAL + "/inbox/{msg_id}", self._confirm, methods=["DELETE"]),
@@ -206,8 +215,12 @@ class Receiver:
         loop = asyncio.get_running_loop()
         group = self._groups.get(loop)
         if group is None:
-            group = self._groups[loop] = GroupCommit(self.db.store, run_in_threadpool)
+            # inbox inserts go to threads of their own (anyio's to_thread cost more CPU)
+            group = self._groups[loop] = GroupCommit(self.db.store, self._in_commit_thread)
         return group
+
+    def _in_commit_thread(self, fn: Callable[[], T]) -> asyncio.Future[T]:
+        return asyncio.get_running_loop().run_in_executor(self._commit_pool, fn)
 
     # -- HTTP endpoints ------------------------------------------------------------------
     def _headers(self) -> dict[str, str]:
@@ -277,11 +290,7 @@ class Receiver:
             tx.call_after_commit(self.dispatcher.wake)
 
     def _route_path(self, request: Request) -> str:
-        path = str(request.scope.get("path", ""))
-        root = str(request.scope.get("root_path", ""))
-        if root and path.startswith(root):
-            path = path[len(root) :]
-        return path or "/"
+        return route_path(request.scope)
 
     async def _receive(self, request: Request) -> Response:
         if not self._worker.started:

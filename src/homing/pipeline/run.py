@@ -668,6 +668,13 @@ def print_report(report: Report, console: Any) -> None:
         f"outbox: {dv['outbox']}; workers killed: {dv['workers_killed']}; "
         f"left unfinished: {ck['left_unfinished']}"
     )
+    if dv["per_s"] is not None:
+        console.print(
+            f"[bold]deliveries: {dv['delivered']} in {dv['seconds']:.1f} s from the first to "
+            f"the last = {dv['per_s']:,.0f}/s[/] (email, webhook and IM effects at the "
+            f"receivers; the run's wall time from the first Spark stage: "
+            f"{dv['wall_seconds']:.1f} s)"
+        )
     if d["spark"]:
         sp = d["spark"]
         console.print(

@@ -22,7 +22,6 @@ import json
 import threading
 import time
 import zlib
-from email.parser import BytesHeaderParser
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +88,17 @@ class Inbox:
             return True
 
 
+def homing_id(content: bytes) -> str | None:
+    """The ``X-Homing-Id`` header of a message (a scan of the header block: the email
+    package's parser cost a third of this server's CPU)."""
+    head = content.split(b"\r\n\r\n", 1)[0].split(b"\n\n", 1)[0]
+    for line in head.splitlines():
+        name, sep, value = line.partition(b":")
+        if sep and name.strip().lower() == b"x-homing-id":
+            return value.strip().decode("ascii", errors="replace") or None
+    return None
+
+
 class SmtpHandler:
     """aiosmtpd handler: 550 for bounce-* mailboxes, 451 for some first attempts."""
 
@@ -104,8 +114,7 @@ class SmtpHandler:
         return "250 OK"
 
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
-        headers = BytesHeaderParser().parsebytes(envelope.content)
-        msg_id = headers.get("X-Homing-Id")
+        msg_id = homing_id(envelope.content)
         if not msg_id:
             return "554 5.6.0 no X-Homing-Id header"
         if self.inbox.flaky(msg_id, "email"):
