@@ -21,7 +21,19 @@ from bench.common import FORK, Shared, Tally, bench_dir, percentile
 from bench.drivers import Driver, driver_class
 
 
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this consumer when the cell's process ends, however it ends (a
+    timeout in the harness killed cells whose celery consumers then ran on for hours)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+
+
 def _consumer_main(drv: Driver, shared: Shared, slot: int, track: bool) -> None:
+    _die_with_parent()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     Tally.bind(shared, slot, track)
     shared.ready[slot] = 1
