@@ -98,6 +98,11 @@ def _start_throwaway_postgres() -> str | None:
     return f"postgresql://postgres@127.0.0.1:{port}/test"
 
 
+def in_ci() -> bool:
+    """CI set to anything but empty, 0 or false: a missing service fails, never skips."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
 def postgres_url() -> str:
     """The PostgreSQL server for tests, or pytest.skip/fail as the module docstring says."""
     if "url" in _pg_state:
@@ -105,7 +110,7 @@ def postgres_url() -> str:
     else:
         url = os.environ.get("HOMING_TEST_POSTGRES", DEFAULT_PG)
         if not _reachable(url):
-            if os.environ.get("CI", "").lower() == "true":
+            if in_ci():
                 url = None
             else:
                 url = _start_throwaway_postgres()
@@ -116,8 +121,8 @@ def postgres_url() -> str:
             "start it (pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start) "
             "or set HOMING_TEST_POSTGRES"
         )
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail("CI=true: " + message, pytrace=False)
+        if in_ci():
+            pytest.fail("CI: " + message, pytrace=False)
         pytest.skip(message)
     return url
 

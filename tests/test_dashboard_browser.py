@@ -21,6 +21,7 @@ from click.testing import CliRunner
 import homing
 from homing.cli import cli
 from homing.dashboard.server import BackgroundDashboard
+from tests.conftest import in_ci
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -34,9 +35,9 @@ def _ensure_browser() -> None:
         subprocess.run(INSTALL.split(), check=False, capture_output=True, timeout=600)
     if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
         message = f"no chromium/chromedriver: install them with `{INSTALL}`"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+        if in_ci():
+            pytest.fail("CI: " + message)
+        pytest.skip(message)  # outside CI only, with the command that installs them
 
 
 @pytest.fixture(scope="module")
