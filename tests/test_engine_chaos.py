@@ -49,10 +49,20 @@ CHILD = textwrap.dedent(
                 log.flush()
                 os.fsync(log.fileno())
     else:
-        # Wait up to 30 s for the first message (the producer may start slowly on a loaded
-        # machine), then stop after the given idle time.
+        # Stop after the given idle time, but never while the producer still runs (on a
+        # loaded machine it can pause longer than that, and a consumer that left early was
+        # never killed at its failpoint), nor before the first message (up to 30 s).
+        producer = os.environ.get("PRODUCER_PID")
+
+        def producer_running():
+            try:
+                with open(f"/proc/{producer}/stat") as f:
+                    return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            except (OSError, TypeError):
+                return False
+
         idle_since, idle_limit = time.monotonic(), 30.0
-        while time.monotonic() - idle_since < idle_limit:
+        while time.monotonic() - idle_since < idle_limit or producer_running():
             got = engine.take("c", limit=2, lease_for=0.5)
             if not got:
                 time.sleep(0.05)
@@ -68,11 +78,19 @@ CHILD = textwrap.dedent(
 
 
 def _spawn(
-    script: Path, url: str, mode: str, ids: Path, log: Path, fail: str | None
+    script: Path,
+    url: str,
+    mode: str,
+    ids: Path,
+    log: Path,
+    fail: str | None,
+    producer: subprocess.Popen[bytes] | None = None,
 ) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if k != "HOMING_FAILPOINTS"}
+    env = {k: v for k, v in os.environ.items() if k not in ("HOMING_FAILPOINTS", "PRODUCER_PID")}
     if fail:
         env["HOMING_FAILPOINTS"] = fail
+    if producer is not None:
+        env["PRODUCER_PID"] = str(producer.pid)
     return subprocess.Popen(
         [sys.executable, str(script), url, mode, str(ids), str(log)],
         env=env,
@@ -130,6 +148,7 @@ def test_sigkill_mid_route_loses_and_duplicates_nothing(
                 ids_file,
                 log,
                 f"engine.mid_route={consumer_hit}*crash",
+                producer=prod,
             )
             outcome = (_finish(prod), _finish(cons))
             kills += sum(rc == -signal.SIGKILL for rc in outcome)
