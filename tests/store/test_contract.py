@@ -7,11 +7,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
+import homing
 from homing.errors import StoreUnavailable
 from homing.store import open_store
+from homing.store.postgres import _Replanner
 from homing.store.protocol import Capabilities, Store
 from tests.conftest import StoreFactory
 
@@ -216,3 +219,40 @@ def test_libpq_options_in_the_url_reach_the_server(store_url: str) -> None:
             assert tx.query_one("SHOW statement_timeout") == ("4321ms",)
     finally:
         s.close()
+
+
+def _seq_rows_read(tx: Any) -> int:
+    """Rows this database's sequential scans of homing_jobs have read (flushed stats)."""
+    tx.query("SELECT pg_stat_clear_snapshot()")
+    row = tx.query_one(
+        "SELECT seq_tup_read FROM pg_stat_user_tables WHERE relid = 'homing_jobs'::regclass"
+    )
+    return int(row[0]) if row else 0
+
+
+@pytest.mark.parametrize("backend", ["postgres"])  # prepared statements are PostgreSQL's
+def test_plans_made_on_an_empty_table_do_not_outlive_its_growth(store_url: str) -> None:
+    """A worker that starts on a new store must not keep the plans made for an empty table
+    (sequential scans of every job) once the table has grown: grabs stay index reads."""
+    db = homing.connect(store_url, pool_size=1)
+    try:
+        for _ in range(12):  # prepared on the 5th run, a generic plan soon after
+            db.grab_many(["contract_t"], lock_for=30, limit=8)
+        db.insert_many([("contract_filler", {"i": i}) for i in range(5000)])
+        time.sleep(_Replanner.FIRST_STEP + 0.2)
+        for _ in range(12):  # re-prepared with the table as it is now
+            db.grab_many(["contract_t"], lock_for=30, limit=8)
+        with db.store.transaction() as tx:
+            tx.query("SELECT pg_stat_force_next_flush()")
+        with db.store.transaction() as tx:
+            before = _seq_rows_read(tx)
+            tx.query("SELECT pg_stat_force_next_flush()")
+        for _ in range(20):
+            db.grab_many(["contract_t"], lock_for=30, limit=8)
+        with db.store.transaction() as tx:
+            tx.query("SELECT pg_stat_force_next_flush()")
+        with db.store.transaction() as tx:
+            read = _seq_rows_read(tx) - before
+        assert read < 5000, f"20 grabs read {read} rows by sequential scans of homing_jobs"
+    finally:
+        db.close()

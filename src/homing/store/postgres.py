@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -104,6 +105,38 @@ class _Listener:
         self._stop = True
 
 
+class _Replanner:
+    """Drop a connection's prepared statements now and then, so their plans follow the tables.
+
+    psycopg prepares a statement on its 5th run; from then on the server may use one generic
+    plan, made with the table sizes of that moment, until something invalidates it (DDL, or
+    an ANALYZE, which autovacuum runs only after a minute or more). A worker that starts on a
+    new, nearly empty store therefore keeps plans made for an empty table (sequential scans
+    of ``homing_jobs``) while the table grows: every grab and completion then reads every row.
+    Dropping the statements at 1, 3, 7, 15 ... seconds of a connection's life (at most every
+    ``MAX_STEP`` s) re-plans them with the current sizes, for one extra statement each time.
+    """
+
+    FIRST_STEP = 1.0
+    MAX_STEP = 300.0
+
+    def __init__(self) -> None:
+        self._due: weakref.WeakKeyDictionary[Any, tuple[float, float]] = weakref.WeakKeyDictionary()
+
+    def check(self, conn: Any) -> None:
+        now = time.monotonic()
+        due = self._due.get(conn)
+        if due is None:
+            self._due[conn] = (now + self.FIRST_STEP, self.FIRST_STEP)
+            return
+        at, step = due
+        if now < at or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            return
+        conn.execute("DEALLOCATE ALL")  # psycopg sees it and forgets its prepared names
+        step = min(step * 2, self.MAX_STEP)
+        self._due[conn] = (now + step, step)
+
+
 class PostgresStore:
     """A store in one PostgreSQL database (optionally one schema of it)."""
 
@@ -170,6 +203,7 @@ class PostgresStore:
         )
         self._schema_ready = not self.schema
         self._schema_lock = threading.Lock()
+        self._replanner = _Replanner()
         if lazy:
             self.pool.open(wait=False)
             return
@@ -238,6 +272,7 @@ class PostgresStore:
                 try:
                     if not self._schema_ready:
                         self._ensure_schema(conn)
+                    self._replanner.check(conn)
                     yield conn
                 except psycopg.OperationalError as exc:
                     if not (conn.broken or _connection_lost(exc)):
