@@ -18,6 +18,9 @@ GROUP_TITLES = {
     "enqueue-100": "Enqueue only, batches of 100 (jobs/s)",
     "latency-1": "Insert-to-start latency at half the system's full-cycle rate (ms)",
     "transport-1": "Bare transports, messages/s (no storage)",
+    "workers-1": "Worker scaling: 1 worker process draining 6,000 pre-inserted jobs (jobs/s)",
+    "workers-2": "Worker scaling: 2 worker processes draining 6,000 pre-inserted jobs (jobs/s)",
+    "workers-4": "Worker scaling: 4 worker processes draining 6,000 pre-inserted jobs (jobs/s)",
     "external": "HTTP and messenger: homing vs the bare transport (bench/http.py, bench/messenger.py)",
 }
 
@@ -131,10 +134,26 @@ def targets(doc: dict[str, Any]) -> list[Target]:
         ),
         Target(
             "workers-4-vs-1",
-            "4 PostgreSQL worker processes >= 1.5x one process (same load)",
+            "4 PostgreSQL worker processes >= 1.5x one process (draining the same backlog)",
             ("workers-4", "homing-worker-pg"),
             ("workers-1", "homing-worker-pg"),
             1.5,
+        ),
+        Target(
+            "workers-2-vs-1",
+            "(info) 2 PostgreSQL worker processes vs one (draining the same backlog)",
+            ("workers-2", "homing-worker-pg"),
+            ("workers-1", "homing-worker-pg"),
+            1.0,
+            info=True,
+        ),
+        Target(
+            "raw-4-vs-1",
+            "(info) the raw SKIP LOCKED loop, 4 processes vs one (one commit per job)",
+            ("workers-4", "raw-pg"),
+            ("workers-1", "raw-pg"),
+            1.5,
+            info=True,
         ),
         Target(
             "pg-vs-procrastinate",

@@ -86,7 +86,9 @@ def fanout(spark: Any, urls: list[str], events: int, children: int) -> dict[str,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--children", type=int, default=1_000_000)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "spark-shards.json")
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "bench" / "results" / "spark-shards.json"
+    )
     a = parser.parse_args()
     spark = session()
     runs = []
