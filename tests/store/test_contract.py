@@ -256,3 +256,27 @@ def test_plans_made_on_an_empty_table_do_not_outlive_its_growth(store_url: str) 
         assert read < 5000, f"20 grabs read {read} rows by sequential scans of homing_jobs"
     finally:
         db.close()
+
+
+@pytest.mark.parametrize("backend", ["postgres"])
+def test_replanning_never_leaves_psycopg_with_statements_the_server_dropped(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Statements dropped on every checkout, prepared again in between, batched too: every
+    call still finds its statement (a repeated DEALLOCATE ALL went unseen by psycopg's cache,
+    and the next call failed with 'prepared statement "_pg3_0" does not exist')."""
+    monkeypatch.setattr(_Replanner, "FIRST_STEP", 0.0)
+    monkeypatch.setattr(_Replanner, "MAX_STEP", 0.0)
+    db = homing.connect(store_url, pool_size=1)
+    try:
+        for i in range(30):
+            for _ in range(7):  # prepared from the 5th run on
+                db.grab_many(["contract_r"], lock_for=5, limit=3)
+            db.insert_many([("contract_r", {"i": i}) for _ in range(3)])
+            db.complete_many(db.grab_many(["contract_r"], lock_for=5, limit=10))
+            db.insert("contract_r", {"i": i})
+            for job in db.grab_many(["contract_r"], lock_for=5, limit=1):
+                db.complete(job)
+        assert db.stats()[0]["done"] == 120
+    finally:
+        db.close()

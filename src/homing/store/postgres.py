@@ -122,6 +122,7 @@ class _Replanner:
 
     def __init__(self) -> None:
         self._due: weakref.WeakKeyDictionary[Any, tuple[float, float]] = weakref.WeakKeyDictionary()
+        self._count = 0
 
     def check(self, conn: Any) -> None:
         now = time.monotonic()
@@ -132,7 +133,11 @@ class _Replanner:
         at, step = due
         if now < at or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             return
-        conn.execute("DEALLOCATE ALL")  # psycopg sees it and forgets its prepared names
+        # psycopg sees the command tag DEALLOCATE ALL and forgets its prepared names; the
+        # text differs each time so that psycopg treats it as a statement it has not seen
+        # (it checks the tag only of statements new to its cache).
+        self._count += 1
+        conn.execute(f"DEALLOCATE ALL -- replan {self._count}", prepare=False)
         step = min(step * 2, self.MAX_STEP)
         self._due[conn] = (now + step, step)
 
