@@ -72,7 +72,7 @@ def test_the_check_sees_a_repeated_and_a_missing_effect(
     would prove nothing)."""
     import homing
     from homing.pipeline.data import HOOK_RECEIVED, Expected
-    from homing.pipeline.run import _check, _read_receipts
+    from homing.pipeline.effects import check, read_receipts
 
     run = "chk"
     db.insert_many(
@@ -88,8 +88,8 @@ def test_the_check_sees_a_repeated_and_a_missing_effect(
     for note_id in (twice, twice, once):
         hooks.insert(HOOK_RECEIVED, {"run": run, "notification_id": note_id, "channel": "im"})
     expected = Expected(events=0, subscriptions=0, notifications=3, by_channel={}, bounces=0)
-    rec = _read_receipts([tmp_path / "no-smtp-log.jsonl"], hooks, run)
-    checks = _check(db, hooks, run, expected, rec)
+    rec = read_receipts([tmp_path / "no-smtp-log.jsonl"], hooks, run)
+    checks = check(db, hooks, run, expected, rec)
     assert (checks["duplicated"], checks["lost"], checks["unexpected"]) == (1, 1, 0)
     assert rec["by_channel"] == {"im": 3}
     assert not checks["ok"]
