@@ -7,7 +7,7 @@ from typing import Any
 
 from homing.dashboard.views import Source
 from homing.store import dashboard_ops_queries as oq
-from homing.store import http_queries as hq
+from homing.store import http_endpoint_queries as eq
 
 LIMIT = 200
 WINDOW = 3600.0
@@ -42,7 +42,7 @@ def http_state(src: Source) -> dict[str, Any]:
                     "reason": e.reason,
                     "shard": prefix,
                 }
-                for e in hq.endpoints(tx, limit=LIMIT)
+                for e in eq.endpoints(tx, limit=LIMIT)
             ]
     return {
         "outbox": outbox,

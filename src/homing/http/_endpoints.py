@@ -18,7 +18,7 @@ from typing import TypeVar
 from urllib.parse import urlsplit
 
 from homing.http.policy import EndpointLimit
-from homing.store import http_queries as q
+from homing.store import http_endpoint_queries as eq
 from homing.store.protocol import Tx
 
 T = TypeVar("T")
@@ -168,7 +168,7 @@ class Endpoints:
         if self.disable_after is None:
             return False
         key = endpoint_key(url)
-        disabled = q.endpoint_failed(
+        disabled = eq.endpoint_failed(
             tx, key, now=now, error=error, disable_after=self.disable_after
         )
         if disabled:
@@ -177,4 +177,4 @@ class Endpoints:
 
     def ok(self, tx: Tx, url: str) -> None:
         if self.disable_after is not None:
-            q.endpoint_ok(tx, endpoint_key(url))
+            eq.endpoint_ok(tx, endpoint_key(url))

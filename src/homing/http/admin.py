@@ -13,7 +13,8 @@ from typing import Any
 from homing.database import Database
 from homing.errors import InvalidArgument
 from homing.http.policy import DEFAULT_ABSURD_AFTER_S
-from homing.store import http_queries as q
+from homing.store import http_dead_queries as dq
+from homing.store import http_endpoint_queries as eq
 
 MAX_LIST = 10_000
 
@@ -66,7 +67,7 @@ def _limit(limit: int) -> int:
 def dead_letters(db: Database, *, limit: int = 100, path: str | None = None) -> list[DeadLetter]:
     """The receiver's dead letters, oldest first, with body and attempt history."""
     with db.store.transaction(write=False) as tx:
-        rows = q.dead_letters(tx, limit=_limit(limit), path=path)
+        rows = dq.dead_letters(tx, limit=_limit(limit), path=path)
     return [
         DeadLetter(
             r.id,
@@ -88,19 +89,19 @@ def redrive(db: Database, ids: Sequence[str] | None = None) -> int:
     """Dead letters (all, or ``ids``) back to the inbox, due now; returns how many.
     A running Receiver on this store handles them on its next poll."""
     with db.store.transaction() as tx:
-        return q.redrive_incoming(tx, _ids(ids), now=db.clock.now())
+        return dq.redrive_incoming(tx, _ids(ids), now=db.clock.now())
 
 
 def purge_dead_letters(db: Database, ids: Sequence[str] | None = None) -> int:
     """Give up on dead letters for good: their bodies are dropped (ids stay known)."""
     with db.store.transaction() as tx:
-        return q.purge_dead(tx, _ids(ids))
+        return dq.purge_dead(tx, _ids(ids))
 
 
 def failed_deliveries(db: Database, *, limit: int = 100) -> list[FailedDelivery]:
     """The sender's failed outbox rows, oldest first (kept for the gc retention)."""
     with db.store.transaction(write=False) as tx:
-        rows = q.failed_outgoing(tx, limit=_limit(limit))
+        rows = dq.failed_outgoing(tx, limit=_limit(limit))
     return [
         FailedDelivery(
             r.id,
@@ -126,17 +127,17 @@ def redrive_failed(
         raise InvalidArgument(f"absurd_after must be > 0 seconds, got {absurd_after}")
     now = db.clock.now()
     with db.store.transaction() as tx:
-        return q.redrive_outgoing(tx, _ids(ids), now=now, deadline=now + absurd_after)
+        return dq.redrive_outgoing(tx, _ids(ids), now=now, deadline=now + absurd_after)
 
 
-def endpoints(db: Database, *, limit: int = 100) -> list[q.EndpointRow]:
+def endpoints(db: Database, *, limit: int = 100) -> list[eq.EndpointRow]:
     """Endpoints failing now (since when, last error) or disabled by ``disable_after``."""
     with db.store.transaction(write=False) as tx:
-        return q.endpoints(tx, limit=_limit(limit))
+        return eq.endpoints(tx, limit=_limit(limit))
 
 
 def enable(db: Database, endpoint: str) -> bool:
     """Enable a disabled endpoint (``scheme://host:port/path``) again; then redrive its
     failed deliveries. A dispatcher sees it within a few seconds."""
     with db.store.transaction() as tx:
-        return q.enable_endpoint(tx, endpoint)
+        return eq.enable_endpoint(tx, endpoint)

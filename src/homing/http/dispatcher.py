@@ -41,6 +41,7 @@ from homing.http._group import GroupCommit
 from homing.http._netguard import RefusedAddress, pinning
 from homing.http._waiters import notify_changed
 from homing.http.policy import DEFAULT_FATAL_STATUSES, EndpointLimit, RetryPolicy, is_fatal
+from homing.store import http_endpoint_queries as eq
 from homing.store import http_queries as q
 from homing.store.protocol import Tx
 
@@ -290,7 +291,7 @@ class Dispatcher:
 
     def _read_disabled(self) -> dict[str, str]:
         with self.db.store.transaction(write=False) as tx:
-            return q.disabled_endpoints(tx)
+            return eq.disabled_endpoints(tx)
 
     async def _held_back(self, row: q.OutboxRow, token: str) -> bool:
         """True if the row is not sent now: its endpoint is disabled (the row fails, kept
@@ -318,7 +319,7 @@ class Dispatcher:
     def _still_disabled(self, url: str) -> str | None:
         key = endpoint_key(url)
         with self.db.store.transaction(write=False) as tx:
-            reason = q.endpoint_disabled(tx, key)
+            reason = eq.endpoint_disabled(tx, key)
         if reason is None:
             self.endpoints.disabled.pop(key, None)
         return reason

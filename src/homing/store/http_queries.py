@@ -36,7 +36,7 @@ OUT_COLUMNS = (
     "headers",
     "status_url",
 )
-_OUT = ", ".join(OUT_COLUMNS)
+OUT_SELECT = ", ".join(OUT_COLUMNS)
 
 IN_COLUMNS = (
     "id",
@@ -59,7 +59,7 @@ IN_COLUMNS = (
     "history",
     "dead_at",
 )
-_IN = ", ".join(IN_COLUMNS)
+IN_SELECT = ", ".join(IN_COLUMNS)
 
 
 def _bytes(value: Any) -> bytes | None:
@@ -120,14 +120,14 @@ class InboxRow:
     dead_at: float | None  # set: a dead letter (body kept until redriven or purged)
 
 
-def _out(values: Sequence[Any]) -> OutboxRow:
+def out_row(values: Sequence[Any]) -> OutboxRow:
     row = dict(zip(OUT_COLUMNS, values, strict=True))
     row["body"] = _bytes(row["body"]) or b""
     row["resp_body"] = _bytes(row["resp_body"])
     return OutboxRow(**row)
 
 
-def _in(values: Sequence[Any]) -> InboxRow:
+def in_row(values: Sequence[Any]) -> InboxRow:
     row = dict(zip(IN_COLUMNS, values, strict=True))
     row["body"] = _bytes(row["body"])
     row["resp_body"] = _bytes(row["resp_body"])
@@ -189,8 +189,8 @@ def notify_channel(tx: Tx) -> str:
 
 
 def outgoing(tx: Tx, msg_id: str) -> OutboxRow | None:
-    values = tx.query_one(f"SELECT {_OUT} FROM homing_http_outbox WHERE id = ?", (msg_id,))
-    return _out(values) if values is not None else None
+    values = tx.query_one(f"SELECT {OUT_SELECT} FROM homing_http_outbox WHERE id = ?", (msg_id,))
+    return out_row(values) if values is not None else None
 
 
 def claim_work(tx: Tx, *, now: float, until: float, token: str, limit: int) -> list[OutboxRow]:
@@ -203,10 +203,10 @@ def claim_work(tx: Tx, *, now: float, until: float, token: str, limit: int) -> l
     pick += tx.sql.skip_locked
     rows = tx.query(
         f"UPDATE homing_http_outbox SET claim_token = ?, claimed_until = ? "
-        f"WHERE seq IN ({pick}) RETURNING {_OUT}",
+        f"WHERE seq IN ({pick}) RETURNING {OUT_SELECT}",
         (token, until, now, now, limit),
     )
-    out = [_out(r) for r in rows]
+    out = [out_row(r) for r in rows]
     out.sort(key=lambda r: r.seq)
     return out
 
@@ -282,10 +282,10 @@ def check_later(tx: Tx, msg_id: str, token: str, *, at: float) -> None:
 def reply_for(tx: Tx, job_id: str) -> OutboxRow | None:
     """The result message this receiver made for the job ``job_id`` (None: not yet)."""
     values = tx.query_one(
-        f"SELECT {_OUT} FROM homing_http_outbox WHERE in_reply_to = ? AND kind = 'reply'",
+        f"SELECT {OUT_SELECT} FROM homing_http_outbox WHERE in_reply_to = ? AND kind = 'reply'",
         (job_id,),
     )
-    return _out(values) if values is not None else None
+    return out_row(values) if values is not None else None
 
 
 def mark_retry(tx: Tx, msg_id: str, token: str, *, at: float, error: str) -> bool:
@@ -408,8 +408,8 @@ def insert_incoming(
 
 
 def incoming(tx: Tx, msg_id: str) -> InboxRow | None:
-    values = tx.query_one(f"SELECT {_IN} FROM homing_http_inbox WHERE id = ?", (msg_id,))
-    return _in(values) if values is not None else None
+    values = tx.query_one(f"SELECT {IN_SELECT} FROM homing_http_inbox WHERE id = ?", (msg_id,))
+    return in_row(values) if values is not None else None
 
 
 def try_lock_message(tx: Tx, msg_id: str) -> bool:
@@ -422,15 +422,15 @@ def try_lock_message(tx: Tx, msg_id: str) -> bool:
 
 def lock_incoming(tx: Tx, msg_id: str) -> tuple[bool, InboxRow | None]:
     """Lock the inbox row for handling. (False, None) if another transaction holds it."""
-    sql = f"SELECT {_IN} FROM homing_http_inbox WHERE id = ?"
+    sql = f"SELECT {IN_SELECT} FROM homing_http_inbox WHERE id = ?"
     if tx.sql.skip_locked:  # rows are locked one by one (PostgreSQL)
         values = tx.query_one(sql + tx.sql.skip_locked, (msg_id,))
         if values is None:
             exists = tx.query_one("SELECT 1 FROM homing_http_inbox WHERE id = ?", (msg_id,))
             return (exists is None), None
-        return True, _in(values)
+        return True, in_row(values)
     values = tx.query_one(sql, (msg_id,))  # SQLite: BEGIN IMMEDIATE already serialises
-    return True, (_in(values) if values is not None else None)
+    return True, (in_row(values) if values is not None else None)
 
 
 def due_incoming(tx: Tx, *, now: float, limit: int) -> list[str]:
@@ -488,69 +488,6 @@ def retry_incoming(
     )
 
 
-# -- dead letters (inbox) and failed deliveries (outbox) ----------------------------------
-def _ids_clause(msg_ids: Sequence[str] | None) -> tuple[str, list[Any]]:
-    if msg_ids is None:
-        return "", []
-    return f" AND id IN ({', '.join('?' for _ in msg_ids)})", list(msg_ids)
-
-
-def dead_letters(tx: Tx, *, limit: int, path: str | None = None) -> list[InboxRow]:
-    sql = f"SELECT {_IN} FROM homing_http_inbox WHERE dead_at IS NOT NULL"
-    params: list[Any] = []
-    if path is not None:
-        sql += " AND path = ?"
-        params.append(path)
-    rows = tx.query(sql + " ORDER BY dead_at, id LIMIT ?", [*params, limit])
-    return [_in(r) for r in rows]
-
-
-def redrive_incoming(tx: Tx, msg_ids: Sequence[str] | None, *, now: float) -> int:
-    """Dead letters back to ``received``, due now, attempts from zero (history kept)."""
-    where, params = _ids_clause(msg_ids)
-    return tx.rowcount(
-        "UPDATE homing_http_inbox SET state = 'received', dead_at = NULL, attempts = 0, "
-        "next_attempt_at = ?, finished_at = NULL, status = NULL, resp_content_type = NULL, "
-        "resp_body = NULL, confirmed = 0 WHERE dead_at IS NOT NULL AND body IS NOT NULL" + where,
-        [now, *params],
-    )
-
-
-def purge_dead(tx: Tx, msg_ids: Sequence[str] | None) -> int:
-    """Drop dead letters' bodies for good; their ids stay known until gc (no redelivery)."""
-    where, params = _ids_clause(msg_ids)
-    return tx.rowcount(
-        "UPDATE homing_http_inbox SET dead_at = NULL, body = NULL "
-        "WHERE dead_at IS NOT NULL" + where,
-        params,
-    )
-
-
-def failed_outgoing(tx: Tx, *, limit: int) -> list[OutboxRow]:
-    rows = tx.query(
-        f"SELECT {_OUT} FROM homing_http_outbox WHERE state = 'failed' "
-        "ORDER BY finished_at, seq LIMIT ?",
-        (limit,),
-    )
-    return [_out(r) for r in rows]
-
-
-def redrive_outgoing(tx: Tx, msg_ids: Sequence[str] | None, *, now: float, deadline: float) -> int:
-    """Failed outbox rows back to ``pending`` under the same id (so the receiver's inbox
-    still drops a repeat), due now, with a new deadline."""
-    where, params = _ids_clause(msg_ids)
-    n = tx.rowcount(
-        "UPDATE homing_http_outbox SET state = 'pending', attempts = 0, next_attempt_at = ?, "
-        "deadline = ?, finished_at = NULL, status = NULL, resp_content_type = NULL, "
-        "resp_body = NULL, claim_token = NULL, claimed_until = NULL "
-        "WHERE state = 'failed'" + where,
-        [now, deadline, *params],
-    )
-    if n:
-        tx.store.notify(tx, HTTP_CHANNEL)
-    return n
-
-
 def confirm_incoming(tx: Tx, *, msg_id: str) -> bool:
     """The sender has the response: drop it (the id stays to recognise late repeats)."""
     return (
@@ -576,75 +513,3 @@ def gc(tx: Tx, *, before: float) -> tuple[int, int]:
         (before,),
     )
     return out, inn
-
-
-# -- endpoints (the disable-after rule) ------------------------------------------------------
-@dataclass(frozen=True)
-class EndpointRow:
-    endpoint: str
-    failing_since: float
-    last_error: str | None
-    disabled_at: float | None
-    reason: str | None
-
-
-def endpoint_failed(tx: Tx, endpoint: str, *, now: float, error: str, disable_after: float) -> bool:
-    """Record a failed attempt; True if the endpoint has now failed for ``disable_after``
-    seconds without a success in between and is disabled by this call."""
-    tx.execute(
-        "INSERT INTO homing_http_endpoints (endpoint, failing_since, last_error) "
-        "VALUES (?, ?, ?) ON CONFLICT (endpoint) DO UPDATE SET last_error = excluded.last_error",
-        (endpoint, now, error[:2000]),
-    )
-    return (
-        tx.rowcount(
-            "UPDATE homing_http_endpoints SET disabled_at = ?, reason = ? "
-            "WHERE endpoint = ? AND disabled_at IS NULL AND failing_since <= ?",
-            (
-                now,
-                f"failing without a success for {disable_after / 86400:g} days; last: {error}"[
-                    :2000
-                ],
-                endpoint,
-                now - disable_after,
-            ),
-        )
-        == 1
-    )
-
-
-def endpoint_ok(tx: Tx, endpoint: str) -> None:
-    """A delivery succeeded: the endpoint is not failing (a disabled one stays disabled)."""
-    tx.execute(
-        "DELETE FROM homing_http_endpoints WHERE endpoint = ? AND disabled_at IS NULL",
-        (endpoint,),
-    )
-
-
-def endpoints(tx: Tx, *, limit: int) -> list[EndpointRow]:
-    rows = tx.query(
-        "SELECT endpoint, failing_since, last_error, disabled_at, reason "
-        "FROM homing_http_endpoints ORDER BY failing_since, endpoint LIMIT ?",
-        (limit,),
-    )
-    return [EndpointRow(str(r[0]), float(r[1]), r[2], r[3], r[4]) for r in rows]
-
-
-def disabled_endpoints(tx: Tx) -> dict[str, str]:
-    rows = tx.query(
-        "SELECT endpoint, reason FROM homing_http_endpoints WHERE disabled_at IS NOT NULL"
-    )
-    return {str(r[0]): str(r[1] or "") for r in rows}
-
-
-def endpoint_disabled(tx: Tx, endpoint: str) -> str | None:
-    """The reason ``endpoint`` is disabled, None if it is not."""
-    row = tx.query_one(
-        "SELECT reason FROM homing_http_endpoints WHERE endpoint = ? AND disabled_at IS NOT NULL",
-        (endpoint,),
-    )
-    return None if row is None else str(row[0] or "disabled")
-
-
-def enable_endpoint(tx: Tx, endpoint: str) -> bool:
-    return tx.rowcount("DELETE FROM homing_http_endpoints WHERE endpoint = ?", (endpoint,)) == 1
