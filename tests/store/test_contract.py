@@ -280,3 +280,47 @@ def test_replanning_never_leaves_psycopg_with_statements_the_server_dropped(
         assert db.stats()[0]["done"] == 120
     finally:
         db.close()
+
+
+def _index_pages_read(db: homing.Database, index: str) -> int:
+    """Pages of ``index`` read so far (from shared buffers or disk), stats flushed."""
+    with db.store.transaction() as tx:
+        tx.query("SELECT pg_stat_force_next_flush()")
+    with db.store.transaction() as tx:
+        tx.query("SELECT pg_stat_clear_snapshot()")
+        row = tx.query_one(
+            "SELECT idx_blks_hit + idx_blks_read FROM pg_statio_user_indexes "
+            "WHERE indexrelid = ?::regclass",
+            (index,),
+        )
+    return int(row[0]) if row else 0
+
+
+@pytest.mark.parametrize("backend", ["postgres"])  # MVCC: dead index entries are PostgreSQL's
+def test_completions_do_not_read_the_index_of_running_jobs(store_url: str) -> None:
+    """homing_jobs_leases keeps an entry for every job that ran since the last VACUUM. A
+    completion finds its job by id; with statistics that say few jobs run, PostgreSQL read
+    that whole index instead (every page of it per call, after 5,000 jobs)."""
+    db = homing.connect(store_url, pool_size=1)
+    try:
+        with db.store.transaction() as tx:  # no VACUUM or ANALYZE behind the test's back
+            tx.execute("ALTER TABLE homing_jobs SET (autovacuum_enabled = false)")
+        db.insert_many([("contract_l", {"i": i}) for i in range(20)])
+        db.complete_many(db.grab_many(["contract_l"], lock_for=60, limit=20))
+        with db.store.transaction() as tx:
+            tx.execute("ANALYZE homing_jobs")  # statistics: no job runs
+        for _ in range(50):
+            db.insert_many([("contract_l", {"i": i}) for i in range(100)])
+            db.complete_many(db.grab_many(["contract_l"], lock_for=60, limit=100))
+        db.insert_many([("contract_l", {"i": i}) for i in range(120)])
+        jobs = db.grab_many(["contract_l"], lock_for=60, limit=120)
+        before = _index_pages_read(db, "homing_jobs_leases")
+        db.complete_many(jobs[:100])  # the job API's batch
+        for job in jobs[100:110]:
+            db.complete(job)  # one job
+        for job in jobs[110:]:
+            assert db.complete_each([job]) == []  # the worker's completion
+        read = _index_pages_read(db, "homing_jobs_leases") - before
+        assert read < 3, f"21 completions read {read} pages of the running-jobs index"
+    finally:
+        db.close()

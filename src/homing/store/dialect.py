@@ -148,3 +148,12 @@ class SqlDialect:
     def finish_leased(self, tx: Tx, pairs: Sequence[tuple[str, str]], *, now: float) -> set[str]:
         """Mark done every (job id, lease token) that still holds its lease; the ids done."""
         raise NotImplementedError
+
+    def finish_many(self, tx: Tx, job_ids: Sequence[str], token: str, *, now: float) -> int:
+        """Mark done the running jobs of one lease; how many changed."""
+        clause, params = self.in_list("id", job_ids)
+        return tx.rowcount(
+            "UPDATE homing_jobs SET state = 'done', finished_at = ?, lease_expires_at = NULL "
+            f"WHERE {clause} AND lease_token = ? AND state = 'running'",
+            (now, *params, token),
+        )

@@ -62,6 +62,14 @@ def _row(tx: Tx, values: Sequence[Any]) -> dict[str, Any]:
     return row
 
 
+# A lease still held, found by the job's id. The state to match is an InitPlan, not the
+# constant 'running': with the constant, and statistics that say few jobs run (autovacuum
+# analyzes the table only now and then), PostgreSQL reads homing_jobs_leases (the partial
+# index of running jobs) instead of the id index; that index keeps an entry for every job
+# that ran since the last VACUUM, and each call read them all.
+HELD = "id = ? AND lease_token = ? AND state = (SELECT 'running')"
+
+
 # -- insert ------------------------------------------------------------------------------
 JOBS_CHANNEL = "homing_jobs"
 _MANY = 1000  # a committed batch may hold millions of jobs: wake every idle worker
@@ -352,7 +360,7 @@ def finish(tx: Tx, job_id: str, token: str, *, state: str, now: float, error: st
     return (
         tx.rowcount(
             "UPDATE homing_jobs SET state = ?, finished_at = ?, last_error = COALESCE(?, last_error), "
-            "lease_expires_at = NULL WHERE id = ? AND lease_token = ? AND state = 'running'",
+            "lease_expires_at = NULL WHERE " + HELD,
             (state, now, error, job_id, token),
         )
         == 1
@@ -363,12 +371,7 @@ def finish_many(tx: Tx, job_ids: Sequence[str], token: str, *, now: float) -> in
     """Mark many running jobs of one lease done in one statement; returns how many changed."""
     if not job_ids:
         return 0
-    clause, params = tx.sql.in_list("id", job_ids)
-    return tx.rowcount(
-        "UPDATE homing_jobs SET state = 'done', finished_at = ?, lease_expires_at = NULL "
-        f"WHERE {clause} AND lease_token = ? AND state = 'running'",
-        (now, *params, token),
-    )
+    return tx.sql.finish_many(tx, job_ids, token, now=now)
 
 
 def forget_idle(tx: Tx, channel: str) -> None:
@@ -391,7 +394,7 @@ def reschedule(tx: Tx, job_id: str, token: str, *, run_at: float, error: str | N
         tx.rowcount(
             "UPDATE homing_jobs SET state = 'ready', run_at = ?, available_at = ?, "
             "last_error = COALESCE(?, last_error), lease_expires_at = NULL "
-            "WHERE id = ? AND lease_token = ? AND state = 'running'",
+            "WHERE " + HELD,
             (run_at, run_at, error, job_id, token),
         )
         == 1
@@ -404,8 +407,7 @@ def reschedule(tx: Tx, job_id: str, token: str, *, run_at: float, error: str | N
 def extend_lease(tx: Tx, job_id: str, token: str, *, until: float) -> bool:
     return (
         tx.rowcount(
-            "UPDATE homing_jobs SET lease_expires_at = ?, available_at = ? "
-            "WHERE id = ? AND lease_token = ? AND state = 'running'",
+            "UPDATE homing_jobs SET lease_expires_at = ?, available_at = ? WHERE " + HELD,
             (until, until, job_id, token),
         )
         == 1
