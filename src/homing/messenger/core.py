@@ -48,10 +48,11 @@ from homing.messenger.model import (
     Route,
     check_endpoint,
     check_name,
+    check_numbers,
+    check_positive,
 )
 from homing.messenger.outgoing import Channel, Out, Pending
 from homing.messenger.receive import Item, Receiver, Worker
-from homing.store import messenger_queries as q
 
 log = logging.getLogger("homing.messenger")
 
@@ -63,15 +64,6 @@ _STATS = (
     "handler_errors", "parked", "deferred", "gave_up", "dead_letters_dropped", "peers_dead",
     "senders_evicted", "acks_sent", "acks_received", "gc_seen", "gc_dead", "gc_channels",
 )  # fmt: skip
-
-
-def _positive(what: str, value: Any, *, integer: bool = False, optional: bool = False) -> None:
-    if optional and value is None:
-        return
-    kinds = int if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds) or not value > 0:
-        kind = "integer" if integer else "number"
-        raise InvalidArgument(f"{what} must be a positive {kind}, got {value!r}")
 
 
 class Messenger:
@@ -122,20 +114,15 @@ class Messenger:
         self.name = name if name is not None else f"m-{secrets.token_hex(8)}"
         self._name_bytes = check_name(self.name, "messenger name")
         self._routing_id = b"\x01" + secrets.token_bytes(15)
-        for what, value in (
-            ("retry_initial", retry_initial), ("retry_max", retry_max), ("dead_after", dead_after),
-            ("seen_idle", seen_idle), ("gc_interval", gc_interval), ("retention", retention),
-        ):  # fmt: skip
-            _positive(what, value)
-        _positive("ttl", ttl, optional=True)
-        for what, value in (
-            ("workers", workers), ("batch", batch), ("window", window),
-            ("max_message_bytes", max_message_bytes), ("max_handler_attempts", max_handler_attempts),
-            ("max_gaps", max_gaps), ("max_senders", max_senders),
-            ("max_dead_letters", max_dead_letters),
-        ):  # fmt: skip
-            _positive(what, value, integer=True)
-        _positive("max_attempts", max_attempts, integer=True, optional=True)
+        check_numbers(
+            {"retry_initial": retry_initial, "retry_max": retry_max, "dead_after": dead_after,
+             "seen_idle": seen_idle, "gc_interval": gc_interval, "retention": retention},
+            {"workers": workers, "batch": batch, "window": window,
+             "max_message_bytes": max_message_bytes, "max_handler_attempts": max_handler_attempts,
+             "max_gaps": max_gaps, "max_senders": max_senders, "max_dead_letters": max_dead_letters},
+        )  # fmt: skip
+        check_positive("ttl", ttl, optional=True)
+        check_positive("max_attempts", max_attempts, integer=True, optional=True)
         self._db = db
         self.retry_initial = float(retry_initial)
         self.retry_max = float(max(retry_max, retry_initial))
@@ -155,6 +142,10 @@ class Messenger:
             self._curve_keys = curve_auth.load_secret(curve.secret_key_file)
         self._own_context = context is None
         self._ctx: zmq.Context[Any] = context if context is not None else zmq.Context()
+        self._init_state(db, workers)
+
+    def _init_state(self, db: Database | None, workers: int) -> None:
+        """The threads' shared state, queues and helpers (nothing runs until ``start``)."""
         self._epoch_base = secrets.randbits(31) << 32  # epochs this receiver grants start here
         self._lock = threading.Lock()
         self._cmds: deque[tuple[Any, ...]] = deque()
@@ -197,7 +188,7 @@ class Messenger:
                 raise MessengerError("this Messenger was closed; create a new one")
             self._started = True
         if self._keeper is not None:
-            self._resume(self._keeper)
+            self._keeper.restore()
             self._keeper_thread = threading.Thread(
                 target=self._keeper.loop, name="homing-messenger-store", daemon=True
             )
@@ -456,8 +447,8 @@ class Messenger:
     ) -> None:
         if self._closed:
             raise MessengerError("this Messenger was closed; messages can no longer be sent")
-        _positive("ttl", ttl, optional=True)
-        _positive("max_attempts", max_attempts, integer=True, optional=True)
+        check_positive("ttl", ttl, optional=True)
+        check_positive("max_attempts", max_attempts, integer=True, optional=True)
         ttl = self.ttl if ttl is None else ttl
         attempts = self.max_attempts if max_attempts is None else max_attempts
         first = self._callback_for(callback)
@@ -487,47 +478,8 @@ class Messenger:
                     ))
                 )  # fmt: skip
             return
-        self._send_durable(ch, route, bodies, cbs, dest_cb, ttl, deadline, attempts)
-
-    def _send_durable(
-        self, ch: Channel, route: Route, bodies: list[bytes],
-        cbs: list[tuple[int, str | None, Callback | None]], dest_cb: int, ttl: float | None,
-        deadline: float | None, attempts: int | None,
-    ) -> None:  # fmt: skip
-        """Store the messages (in the caller's transaction if one is open: an outbox) and
-        hand them to the I/O thread once that commits."""
-        assert self._db is not None
-        db = self._db
-        with db.store.transaction() as tx:
-            now = db.store.clock.now()
-            if not ch.stored:
-                ch.fresh = q.ensure_channel(
-                    tx, self.name, ch.name, route.kind, route.destination,
-                    route.peer.hex() if route.kind == "router" else None, 0, now,
-                )  # fmt: skip
-            start = q.reserve_ids(tx, self.name, ch.name, len(bodies), now)
-            stored_deadline = None if ttl is None else now + ttl
-            rows, pending = [], []
-            for i, (body, (cb_id, cb_name, _)) in enumerate(zip(bodies, cbs, strict=True)):
-                rows.append(
-                    q.OutRow(ch.name, start + i, 0, cb_id, dest_cb, cb_name, body, stored_deadline)
-                )
-                pending.append(
-                    Pending(ch.name, start + i, cb_id, dest_cb, body, cb_name, deadline, attempts)
-                )
-            q.insert_out_many(tx, self.name, rows, now)
-
-            def _after_commit() -> None:
-                ch.stored = True
-                with self._lock:
-                    for cb_id, _, fn in cbs:
-                        if fn is not None:
-                            self._callbacks[cb_id] = (fn, True)
-                    self._unacked += len(pending)
-                for p in pending:
-                    self._post(("send", p))
-
-            tx.call_after_commit(_after_commit)
+        assert self._keeper is not None
+        self._keeper.send_stored(ch, route, bodies, cbs, dest_cb, ttl, deadline, attempts)
 
     def _post(self, cmd: tuple[Any, ...]) -> None:
         self._cmds.append(cmd)
@@ -560,33 +512,6 @@ class Messenger:
             with self._lock:
                 for k, v in stats.items():
                     self._stats[k] += v
-
-    # -- durable state -----------------------------------------------------------------
-    def _resume(self, keeper: Keeper) -> None:
-        out = keeper.resume()
-        now_wall, now_mono = time.time(), time.monotonic()
-        with self._lock:
-            for r in keeper.channel_rows:
-                peer = bytes.fromhex(r.peer) if r.peer else b""
-                ch = Channel(r.channel, r.channel.encode(), Route(r.route, r.destination, peer))
-                ch.stored, ch.fresh = True, False
-                self._channels[r.channel] = ch
-            self._unacked += len(out)
-        for ch in list(self._channels.values()):
-            if ch.route.kind == "dealer":
-                self._post(("connect", ch.route.destination))
-        for row in out:
-            deadline = None
-            if row.deadline is not None:
-                deadline = now_mono + (row.deadline - now_wall)
-            self._post(
-                ("send", Pending(
-                    row.channel, row.message_id, row.source_cb, row.dest_cb, row.body,
-                    row.callback_name, deadline, self.max_attempts,
-                ))
-            )  # fmt: skip
-        if out:
-            log.info("messenger %s resumed %d unacknowledged messages", self.name, len(out))
 
     # -- threads -----------------------------------------------------------------------
     def _io_loop(self) -> None:

@@ -15,12 +15,14 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from homing.errors import HomingError
-from homing.messenger.model import DeadLetter
+from homing.messenger.model import DeadLetter, Route
+from homing.messenger.outgoing import Channel, Pending
 from homing.store import messenger_queries as q
 
 if TYPE_CHECKING:
     from homing.database import Database
     from homing.messenger.core import Messenger
+    from homing.messenger.model import Callback
     from homing.store.protocol import Store
 
 log = logging.getLogger("homing.messenger")
@@ -67,6 +69,73 @@ class Keeper:
             out = q.pending_out(tx, self.m.name)
         self.channel_rows = rows
         return out
+
+    def restore(self) -> None:
+        """Load the stored channels and pending messages and hand them to the I/O thread."""
+        m = self.m
+        out = self.resume()
+        now_wall, now_mono = time.time(), time.monotonic()
+        with m._lock:
+            for r in self.channel_rows:
+                peer = bytes.fromhex(r.peer) if r.peer else b""
+                ch = Channel(r.channel, r.channel.encode(), Route(r.route, r.destination, peer))
+                ch.stored, ch.fresh = True, False
+                m._channels[r.channel] = ch
+            m._unacked += len(out)
+        for ch in list(m._channels.values()):
+            if ch.route.kind == "dealer":
+                m._post(("connect", ch.route.destination))
+        for row in out:
+            deadline = None
+            if row.deadline is not None:
+                deadline = now_mono + (row.deadline - now_wall)
+            m._post(
+                ("send", Pending(
+                    row.channel, row.message_id, row.source_cb, row.dest_cb, row.body,
+                    row.callback_name, deadline, m.max_attempts,
+                ))
+            )  # fmt: skip
+        if out:
+            log.info("messenger %s resumed %d unacknowledged messages", m.name, len(out))
+
+    def send_stored(
+        self, ch: Channel, route: Route, bodies: list[bytes],
+        cbs: list[tuple[int, str | None, Callback | None]], dest_cb: int, ttl: float | None,
+        deadline: float | None, attempts: int | None,
+    ) -> None:  # fmt: skip
+        """Store the messages (in the caller's transaction if one is open: an outbox) and
+        hand them to the I/O thread once that commits."""
+        m, db = self.m, self.db
+        with db.store.transaction() as tx:
+            now = db.store.clock.now()
+            if not ch.stored:
+                ch.fresh = q.ensure_channel(
+                    tx, m.name, ch.name, route.kind, route.destination,
+                    route.peer.hex() if route.kind == "router" else None, 0, now,
+                )  # fmt: skip
+            start = q.reserve_ids(tx, m.name, ch.name, len(bodies), now)
+            stored_deadline = None if ttl is None else now + ttl
+            rows, pending = [], []
+            for i, (body, (cb_id, cb_name, _)) in enumerate(zip(bodies, cbs, strict=True)):
+                rows.append(
+                    q.OutRow(ch.name, start + i, 0, cb_id, dest_cb, cb_name, body, stored_deadline)
+                )
+                pending.append(
+                    Pending(ch.name, start + i, cb_id, dest_cb, body, cb_name, deadline, attempts)
+                )
+            q.insert_out_many(tx, m.name, rows, now)
+
+            def _after_commit() -> None:
+                ch.stored = True
+                with m._lock:
+                    for cb_id, _, fn in cbs:
+                        if fn is not None:
+                            m._callbacks[cb_id] = (fn, True)
+                    m._unacked += len(pending)
+                for p in pending:
+                    m._post(("send", p))
+
+            tx.call_after_commit(_after_commit)
 
     def loop(self) -> None:
         m = self.m

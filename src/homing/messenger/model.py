@@ -180,3 +180,21 @@ def check_endpoint(endpoint: str) -> str:
         )
     check_name(endpoint, "endpoint")
     return endpoint
+
+
+def check_positive(what: str, value: Any, *, integer: bool = False, optional: bool = False) -> None:
+    """A clear InvalidArgument unless ``value`` is a positive number (``None`` if optional)."""
+    if optional and value is None:
+        return
+    kinds = int if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or not value > 0:
+        kind = "integer" if integer else "number"
+        raise InvalidArgument(f"{what} must be a positive {kind}, got {value!r}")
+
+
+def check_numbers(numbers: Mapping[str, Any], integers: Mapping[str, Any]) -> None:
+    """Every value of ``numbers`` a positive number, of ``integers`` a positive integer."""
+    for what, value in numbers.items():
+        check_positive(what, value)
+    for what, value in integers.items():
+        check_positive(what, value, integer=True)

@@ -5,7 +5,7 @@ from the partial indexes of ready and running jobs, counts of unsuccessful jobs 
 dashboard's own partial index, finished jobs are counted only inside a recent window
 (through the finished-at index), lists are keyset-paginated by ``seq`` with a LIMIT, and
 "how many match" is a bounded count. User input only ever travels as bound parameters;
-args searches are compiled by :func:`homing.store.jobs_queries.compile_where`.
+args searches are compiled by :func:`homing.store.job_filters.compile_where`.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 from homing.errors import InvalidArgument
 from homing.store import jobs_queries as jq
 from homing.store.job_deps_queries import WAIT_AT
+from homing.store.job_filters import compile_where
 from homing.store.protocol import Tx
 
 # States a filter may name: the stored ones, plus "scheduled" (ready, not yet due) and
@@ -88,7 +89,7 @@ def _filter_sql(tx: Tx, f: JobFilter, now: float) -> tuple[str, list[Any]]:
         )
         params.append(f.state)
     if f.where:
-        clause, more = jq.compile_where(tx.sql, f.where)
+        clause, more = compile_where(tx.sql, f.where)
         clauses.append(clause)
         params += more
     return (" AND ".join(clauses) or "1 = 1"), params
