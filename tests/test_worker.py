@@ -624,3 +624,40 @@ def test_an_insert_wakes_one_idle_worker_not_all(stores: Any) -> None:
             w.stop(grace=1)
         for d in dbs:
             d.close()
+
+
+def test_short_handlers_are_grabbed_by_the_dozen(sdb: homing.Database) -> None:
+    """By default a worker prefetches more when its handlers are short: with a fixed 4 + 4
+    a grab takes at most 8 jobs; here the average grab takes far more, and each job still
+    runs once."""
+    app = App()
+    ran: Counter[int] = Counter()
+
+    @app.job("quick")
+    def quick(job: Any, ctx: JobContext) -> None:
+        ran[job.args["i"]] += 1
+
+    sdb.insert_many([("quick", {"i": i}) for i in range(1500)])
+    worker = drain(app, sdb)
+    assert worker.stats.grabbed == 1500 and set(ran.values()) == {1} and len(ran) == 1500
+    per_grab = worker.stats.grabbed / max(1, worker.stats.grabs - worker.stats.empty_grabs)
+    assert per_grab > 12, f"{per_grab:.1f} jobs per grab"
+
+
+def test_prefetch_grows_only_for_short_handlers_and_a_given_number_is_kept() -> None:
+    from types import SimpleNamespace
+
+    from homing.worker.fetcher import MAX_PREFETCH_PER_SLOT, prefetch_for
+
+    def w(mean: float | None, *, adaptive: bool = True, prefetch: int = 4) -> Any:
+        return SimpleNamespace(
+            adaptive_prefetch=adaptive, prefetch=prefetch, concurrency=4, handler_seconds=mean
+        )
+
+    assert prefetch_for(w(None)) == 4  # nothing measured yet
+    assert prefetch_for(w(2.0)) == 4  # long handlers: the base
+    assert prefetch_for(w(0.001)) == 64  # 20 ms * 4 slots / 1 ms = 80, capped at 16 a slot
+    assert prefetch_for(w(0.004)) == 20  # 20 ms * 4 slots / 4 ms
+    assert prefetch_for(w(1e-6)) == MAX_PREFETCH_PER_SLOT * 4
+    assert prefetch_for(w(1e-6, adaptive=False, prefetch=0)) == 0  # --prefetch 0 is kept
+    assert prefetch_for(w(1e-6, adaptive=False, prefetch=7)) == 7

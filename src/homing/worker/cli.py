@@ -73,7 +73,8 @@ def load_app(target: str) -> App:
     "--prefetch",
     type=click.IntRange(0, 10_000),
     default=None,
-    help="Jobs grabbed beyond the free handler slots (default max(4, concurrency)); 0 for long jobs.",
+    help="Jobs grabbed beyond the free handler slots (default: max(4, concurrency), more for "
+    "short handlers, up to 16 per slot); 0 for long jobs.",
 )
 @click.option(
     "--gc-every",
