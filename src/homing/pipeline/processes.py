@@ -35,6 +35,19 @@ def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) -
     raise HomingError(f"the local receiver did not listen on port {port} within {timeout:g}s")
 
 
+def stop_processes(procs: list[subprocess.Popen[bytes]], grace: float = 20.0) -> None:
+    """SIGTERM each live process, then wait ``grace`` seconds for each; SIGKILL the rest."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 def child_env() -> dict[str, str]:
     env = dict(os.environ)
     src = str(Path(__file__).resolve().parents[2])
@@ -117,12 +130,4 @@ class Fleet:
         return len(dead)
 
     def stop(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in self.procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_processes(self.procs)

@@ -7,7 +7,6 @@ workers and receivers), ``session`` (Spark), ``drive`` (the stages and the monit
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ from homing.pipeline import data
 from homing.pipeline.config import PipelineConfig
 from homing.pipeline.drive import drive
 from homing.pipeline.effects import check, delivery_figures, read_receipts, shards
-from homing.pipeline.processes import Fleet, child_env, free_port, wait_port
+from homing.pipeline.processes import Fleet, child_env, free_port, stop_processes, wait_port
 from homing.pipeline.report import Report, print_report
 from homing.pipeline.session import java_missing, spark_session
 from homing.pipeline.stages import EVENT
@@ -83,13 +82,7 @@ class _Receivers:
         wait_port(self.http_port, self.procs[1])
 
     def stop(self) -> None:
-        for proc in self.procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes(self.procs)
 
 
 def _insert_events(db: Database | ShardedDatabase, run: str, events: int) -> None:
