@@ -12,7 +12,7 @@ import pytest
 import homing
 from homing import InvalidArgument, InvalidFilter, InvalidState, JobNotFound, StaleLease
 from homing.clock import ManualClock
-from homing.database import JobAPI
+from homing.job_api import JobAPI
 from homing.jobs import DEFAULT_RETENTION_S
 
 

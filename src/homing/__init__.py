@@ -1,7 +1,7 @@
 """homing: exactly-once messaging, durable jobs and data pipelines on SQLite or PostgreSQL."""
 
 from homing.clock import Clock, ManualClock, SystemClock
-from homing.database import Database, JobAPI, ShardedDatabase, Transaction, connect
+from homing.database import Database, ShardedDatabase, Transaction, connect
 from homing.errors import (
     ConfigurationError,
     CrossShardWrite,
@@ -21,6 +21,7 @@ from homing.errors import (
     StoreUnreachable,
 )
 from homing.ids import uuid7
+from homing.job_api import JobAPI
 from homing.jobs import Failure, Holder, Job, JobDetails, JobSpec, JobState
 from homing.worker import App, RetryPolicy
 

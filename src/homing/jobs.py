@@ -10,9 +10,7 @@ import os
 import socket
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
 from homing import ids
 from homing.errors import (
@@ -38,6 +36,15 @@ from homing.job_checks import (
 from homing.job_controls import TypeControl, control_cache, limited_grab
 from homing.job_deps import WAIT_AT, check_after
 from homing.job_deps import record as record_after
+from homing.job_model import (
+    Failure,
+    FailureKind,
+    Holder,
+    Job,
+    JobDetails,
+    JobSpec,
+    JobState,
+)
 from homing.store import job_controls_queries as cq
 from homing.store import jobs_queries as q
 from homing.store.protocol import Store, Tx
@@ -64,87 +71,9 @@ __all__ = [  # the job API's types and the input checks other parts use too
     "to_timestamp",
 ]
 
-JobState = Literal["ready", "running", "done", "failed", "cancelled", "waiting"]
-FailureKind = Literal["temp_fail", "perm_fail", "lease_expired", "released", "cancelled"]
-
 DEFAULT_MAX_ARGS_BYTES = 1024 * 1024
 DEFAULT_RETENTION_S = 7 * 24 * 3600.0
 MAX_LOCK_FOR_S = 30 * 24 * 3600.0
-
-
-@dataclass
-class Job:
-    """A job leased to the caller by ``grab``. Hand it back to complete / fail / extend."""
-
-    handle: str
-    id: str
-    type: str
-    args: Any
-    priority: int
-    attempts: int
-    lease_token: str
-    lease_expires_at: float
-    run_at: float
-    created_at: float
-    unique_key: str | None = None
-    timeout: float | None = None  # this job's own timeout (seconds), if it has one
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """A job to insert: used by ``insert_many`` and ``replace`` (a ``(type, args)`` tuple works too)."""
-
-    type: str
-    args: Any = None
-    priority: int = 0
-    run_at: float | datetime | None = None
-    unique_key: str | None = None
-    timeout: float | None = None
-    after: Sequence[str] | None = None  # handles of jobs that must be done first
-
-
-@dataclass(frozen=True)
-class Holder:
-    host: str | None
-    pid: int | None
-    worker: str | None
-
-
-@dataclass(frozen=True)
-class Failure:
-    at: float
-    attempt: int
-    kind: FailureKind
-    host: str | None
-    pid: int | None
-    worker: str | None
-    message: str
-
-
-@dataclass(frozen=True)
-class JobDetails:
-    handle: str
-    type: str
-    args: Any
-    state: JobState
-    priority: int
-    attempts: int
-    run_at: float
-    created_at: float
-    finished_at: float | None
-    unique_key: str | None
-    holder: Holder | None
-    lease_expires_at: float | None
-    last_error: str | None
-    parent: str | None
-    failures: list[Failure] = field(default_factory=list)
-    cancelled_at: float | None = None
-    timeout: float | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        from dataclasses import asdict
-
-        return asdict(self)
 
 
 def _state(row: dict[str, Any]) -> JobState:

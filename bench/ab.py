@@ -1,0 +1,124 @@
+"""Before / after in one window: the same cells run alternately on two versions of the code.
+
+``python -m bench.ab --base REV`` checks ``REV`` out in a temporary git worktree and runs
+each cell (``python -m bench.drivers SPEC``, a fresh store each time) on REV and on the
+working tree in turn, ``--reps`` times, so that the machine's drift hits both alike. It
+prints the medians and the median of the per-pair ratios (working tree / REV).
+
+Run it on a quiet machine: the cells share the PostgreSQL server with everything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CELLS: dict[str, dict[str, Any]] = {
+    "cycle-1-worker-pg": {"system": "homing-worker-pg", "workload": "cycle", "batch": 1},
+    "cycle-1-api-pg": {"system": "homing-pg", "workload": "cycle", "batch": 1},
+    "cycle-100-api-pg": {"system": "homing-pg", "workload": "cycle", "batch": 100},
+    "cycle-100-sqlite": {"system": "homing-sqlite", "workload": "cycle", "batch": 100},
+    "drain-1-worker-pg": {"system": "homing-worker-pg", "workload": "drain", "consumers": 1},
+    "drain-4-worker-pg": {"system": "homing-worker-pg", "workload": "drain", "consumers": 4},
+    "drain-1-worker-sqlite": {
+        "system": "homing-worker-sqlite",
+        "workload": "drain",
+        "consumers": 1,
+    },
+}
+_DEFAULTS = {
+    "cycle": {"batch": 1, "consumers": 2, "seconds": 3.0, "warmup_s": 0.3},
+    "drain": {"batch": 1, "consumers": 1, "jobs": 6000, "preload_s": 5.0, "seconds": 5.0},
+}
+
+
+def spec_of(name: str) -> dict[str, Any]:
+    cell = CELLS[name]
+    return {**_DEFAULTS[cell["workload"]], **cell}
+
+
+def run_cell(tree: Path, spec: dict[str, Any], timeout: float = 300.0) -> float | None:
+    """The cell's rate on the code in ``tree`` (None when it failed)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(tree), str(tree / "src")])
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "bench.drivers", json.dumps(spec)],
+            cwd=tree,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+    except (subprocess.TimeoutExpired, IndexError, json.JSONDecodeError):
+        return None
+    return float(result["rate"]) if result.get("ok") and "rate" in result else None
+
+
+def compare(base: Path, names: list[str], reps: int) -> dict[str, dict[str, list[float]]]:
+    runs: dict[str, dict[str, list[float]]] = {n: {"base": [], "head": []} for n in names}
+    for rep in range(reps):
+        for name in names:
+            for side, tree in (("base", base), ("head", ROOT)):
+                rate = run_cell(tree, spec_of(name))
+                print(f"rep {rep + 1}/{reps}  {name:24} {side}  {rate or 0:10,.0f}/s", flush=True)
+                runs[name][side].append(rate or 0.0)
+    return runs
+
+
+def table(runs: dict[str, dict[str, list[float]]], base_rev: str) -> str:
+    lines = [
+        f"| cell | {base_rev} (median /s) | working tree (median /s) | ratio (median of pairs) |",
+        "|---|---|---|---|",
+    ]
+    for name, sides in runs.items():
+        pairs = [h / b for b, h in zip(sides["base"], sides["head"], strict=True) if b and h]
+        ratio = f"{statistics.median(pairs):.2f}x" if pairs else "-"
+        lines.append(
+            f"| {name} | {statistics.median(sides['base']):,.0f} | "
+            f"{statistics.median(sides['head']):,.0f} | {ratio} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.ab", description=__doc__)
+    parser.add_argument("--base", required=True, help="the git revision to compare with")
+    parser.add_argument("--reps", type=int, default=3, help="pairs per cell (default 3)")
+    parser.add_argument(
+        "--cells", nargs="+", choices=sorted(CELLS), default=list(CELLS), help="cells to run"
+    )
+    args = parser.parse_args(argv)
+    if args.reps < 1:
+        parser.error("--reps must be at least 1")
+    with tempfile.TemporaryDirectory(prefix="homing-ab-") as tmp:
+        tree = Path(tmp) / "base"
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), args.base],
+            check=True,
+            capture_output=True,
+        )
+        try:
+            runs = compare(tree, args.cells, args.reps)
+        finally:
+            subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+                capture_output=True,
+            )
+    print()
+    print(table(runs, args.base))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
