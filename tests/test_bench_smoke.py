@@ -61,3 +61,20 @@ def test_bench_smoke(tmp_path: Path) -> None:
     png = (out / "results.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
     assert "Targets" in proc.stdout
+
+
+@pytest.mark.timeout(180)
+def test_before_after_runs_a_cell_on_both_versions() -> None:
+    """``python -m bench.ab`` checks a revision out beside the working tree and runs the
+    cell on each; against HEAD both sides succeed and a ratio is printed."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.ab", "--base", "HEAD", "--reps", "1"]
+        + ["--cells", "drain-1-worker-sqlite"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=170,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("| drain-1"))
+    assert row.rstrip(" |").endswith("x"), row  # a ratio, so both sides produced a rate
