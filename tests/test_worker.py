@@ -661,3 +661,18 @@ def test_prefetch_grows_only_for_short_handlers_and_a_given_number_is_kept() -> 
     assert prefetch_for(w(1e-6)) == MAX_PREFETCH_PER_SLOT * 4
     assert prefetch_for(w(1e-6, adaptive=False, prefetch=0)) == 0  # --prefetch 0 is kept
     assert prefetch_for(w(1e-6, adaptive=False, prefetch=7)) == 7
+
+
+def test_one_slow_handler_shrinks_the_prefetch_at_once() -> None:
+    from homing.worker.runtime import handler_average
+
+    mean = None
+    for _ in range(50):
+        mean = handler_average(mean, 0.0001)  # fast handlers
+    assert mean is not None and mean < 0.001
+    slow = handler_average(mean, 2.0)  # one 2 s handler
+    assert slow > 0.9  # the prefetch falls to its base at once (20 ms * 4 / 1 s < 4)
+    back = slow
+    for _ in range(5):
+        back = handler_average(back, 0.0001)
+    assert back > 0.1  # and grows back only slowly

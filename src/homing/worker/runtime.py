@@ -380,8 +380,7 @@ class Worker:
         ran = time.monotonic() - outcome.ctx.started if outcome.ctx.started else None
         with self._slots:
             if ran is not None:
-                mean = self.handler_seconds
-                self.handler_seconds = ran if mean is None else mean + 0.05 * (ran - mean)
+                self.handler_seconds = handler_average(self.handler_seconds, ran)
             if outcome.ctx.phase != "completing":
                 outcome.ctx.phase = "completing"
                 self._active -= 1
@@ -409,6 +408,15 @@ class Worker:
                 log.exception("job observer %r failed", observe)
 
     # -- heartbeat ---------------------------------------------------------------------------
+
+
+def handler_average(mean: float | None, ran: float) -> float:
+    """The handlers' moving average run time, quick to rise and slow to fall: one slow
+    handler shrinks the prefetch at once (fewer jobs wait behind it), fast ones grow it back
+    over a few dozen jobs."""
+    if mean is None:
+        return ran
+    return mean + (0.5 if ran > mean else 0.05) * (ran - mean)
 
 
 def log_job(ctx: JobContext, outcome: str, duration: float, **extra: Any) -> None:
