@@ -91,9 +91,10 @@ class _JobAPI:
     ) -> list[Job]:
         """Lease up to ``limit`` jobs atomically (one lease token for the batch).
 
-        ``idle_channel`` (from ``idle_wakeup()``) is for workers: when nothing was found the
-        caller is registered as idle in the same statement, so that the next insert wakes
-        it (and only as many idle workers as it inserted jobs), instead of every worker.
+        ``idle_channel`` (from ``idle_wakeup()``) is for workers: when fewer than ``limit``
+        jobs were found the caller is registered as idle in the same statement, so that the
+        next insert wakes it (and only as many idle workers as it inserted jobs), instead of
+        every worker; a grab that fills ``limit`` unregisters it.
 
         Paused types are left out; limited types are grabbed one type at a time under
         their limits, each in a transaction that holds the type's lock (see ``limit``)."""
@@ -323,7 +324,8 @@ class Database(TypeAdmin, _JobAPI):
         channel: str | None = None,
     ) -> IdleWakeup:
         """A worker's waiter that is woken alone: pass its ``channel`` to ``grab_many``
-        (``idle_channel=``), which registers the worker as idle when it found nothing; an
+        (``idle_channel=``), which registers the worker as idle when it found fewer jobs
+        than it asked for; an
         insert then wakes as many idle workers as it inserted jobs, not every one. Between
         wake-ups it still looks now and then (from ``idle_wait / 10``, doubling to ``idle_wait``), which
         bounds what a registration racing an insert can cost. On SQLite: a back-off poll."""

@@ -248,20 +248,21 @@ class PostgresSql(SqlDialect):
     ) -> list[tuple[Any, ...]]:
         """Lease the rows of CTE ``c`` (``pick``); a takeover of an expired lease is
         recorded in the failure history in the same statement. With ``idle_channel`` the
-        caller is registered as an idle worker when it got nothing (so that the next insert
-        wakes it), and unregistered when it got work (so that no insert wakes it while
-        busy), in the same statement too."""
+        caller is registered as an idle worker when it got fewer jobs than it asked for
+        (nothing else was ready and it has room: the next insert wakes it), and
+        unregistered when it got all it asked for (so that no insert wakes it while it is
+        full), in the same statement too."""
         idle, idle_params = "", []
         if g.idle_channel is not None:
             channel = tx.store.notify_channel(g.idle_channel)  # type: ignore[attr-defined]
             idle = (
                 ", idle AS (INSERT INTO homing_idle_workers (channel, since) SELECT ?, ? "
-                "WHERE NOT EXISTS (SELECT 1 FROM upd) ON CONFLICT (channel) DO UPDATE SET "
+                "WHERE (SELECT count(*) FROM upd) < ? ON CONFLICT (channel) DO UPDATE SET "
                 "since = excluded.since RETURNING 1), "
                 "busy AS (DELETE FROM homing_idle_workers WHERE channel = ? "
-                "AND EXISTS (SELECT 1 FROM upd) RETURNING 1)"
+                "AND (SELECT count(*) FROM upd) >= ? RETURNING 1)"
             )
-            idle_params = [channel, g.now, channel]
+            idle_params = [channel, g.now, g.limit, channel, g.limit]
         return tx.query(
             f"{pick}, upd AS (UPDATE homing_jobs j SET "
             f"{SET_LEASE.replace('attempts + 1', 'j.attempts + 1')} "

@@ -1,9 +1,10 @@
 """The fetcher thread: grabs as many jobs as there are free handler slots (plus
 ``prefetch``), in one ``grab_many``, and hands them to the runners. When nothing is
 available it waits on the store's wake-up (``Database.wakeup``): a NOTIFY on PostgreSQL,
-a back-off poll on SQLite. On PostgreSQL the empty grab registers the worker as idle
-(``Database.idle_wakeup``), so that an insert wakes as many workers as it inserted jobs,
-not every one."""
+a back-off poll on SQLite; after a grab that got fewer jobs than it asked for it waits
+too, rather than making one more (empty) grab. On PostgreSQL such a grab registers the
+worker as idle (``Database.idle_wakeup``), so that an insert wakes as many workers as it
+inserted jobs, not every one."""
 
 from __future__ import annotations
 
@@ -81,8 +82,12 @@ def fetch_jobs(w: Worker) -> None:
         if jobs:
             hand_out(w, [JobContext(w, j, w.app.handler(j.type)) for j in jobs])
             wakeup.reset()
-            continue
-        if w.until_idle and stop_if_idle(w):
+            if len(jobs) >= free or w.until_idle:
+                continue  # there may be more: grab again at once
+            # Fewer than asked: nothing else was ready, and the same statement registered
+            # this worker as idle (it has room), so the next insert wakes it: wait for that
+            # instead of an empty grab.
+        elif w.until_idle and stop_if_idle(w):
             break
         if wakeup.wait(w.idle_wait) and w.gather > 0:
             # woken by an insert: let the jobs of the next moments gather, so that one grab
