@@ -79,9 +79,7 @@ class SQLiteStore:
                 check_same_thread=False,
             )
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            if str(mode).lower() != "wal":
-                raise StoreUnavailable(f"could not switch {self.path} to WAL mode (got {mode})")
+            self._switch_to_wal(conn)
             conn.execute("PRAGMA synchronous = " + ("FULL" if self.durable else "OFF"))
             conn.execute("PRAGMA foreign_keys = ON")
         except sqlite3.DatabaseError as exc:
@@ -93,6 +91,30 @@ class SQLiteStore:
         with self._all_lock:
             self._all.append(conn)
         return conn
+
+    def _switch_to_wal(self, conn: sqlite3.Connection) -> None:
+        """Put the file in WAL mode, waiting out other processes that open it at once.
+
+        Changing the journal mode needs an exclusive lock, and SQLite does not always call
+        the busy handler for it (a new file's first openers, a WAL recovery in progress):
+        the pragma fails with "database is locked" or answers with the old mode. Both are
+        retried, with a growing sleep, for as long as the busy timeout.
+        """
+        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+        pause = 0.001
+        while True:
+            try:
+                mode = str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]).lower()
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) and "busy" not in str(exc):
+                    raise
+                mode = f"locked ({exc})"
+            if mode == "wal":
+                return
+            if time.monotonic() >= deadline:
+                raise StoreUnavailable(f"could not switch {self.path} to WAL mode (got {mode})")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
 
     # -- transactions ------------------------------------------------------------------
     def in_transaction(self) -> Tx | None:
