@@ -97,15 +97,17 @@ def fill(db: homing.Database, round_: int) -> None:
             )
             http_queries.insert_incoming(
                 tx,
-                msg_id=homing.uuid7(),
-                path="/x",
-                mode="send",
-                body_hash="h",
-                content_type="application/json",
-                body=b"{}",
-                response_url=None,
-                now=now,
-                work_at=None,
+                http_queries.received_row(
+                    msg_id=homing.uuid7(),
+                    path="/x",
+                    mode="send",
+                    body_hash="h",
+                    content_type="application/json",
+                    body=b"{}",
+                    response_url=None,
+                    now=now,
+                    work_at=None,
+                ),
             )
         for row in http_queries.claim_work(tx, now=now, until=now + 60, token="t", limit=N):
             assert http_queries.mark_delivered(

@@ -4,6 +4,7 @@ is caught here rather than in a face's chaos test."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -282,18 +283,24 @@ def test_replanning_never_leaves_psycopg_with_statements_the_server_dropped(
         db.close()
 
 
-def _index_pages_read(db: homing.Database, index: str) -> int:
-    """Pages of ``index`` read so far (from shared buffers or disk), stats flushed."""
+def _pages_read(db: homing.Database, counter: str, name: str) -> int:
+    """Pages read so far (from shared buffers or disk) of relation ``name``, by the
+    statement ``counter`` (its ``?`` is the relation), stats flushed."""
     with db.store.transaction() as tx:
         tx.query("SELECT pg_stat_force_next_flush()")
     with db.store.transaction() as tx:
         tx.query("SELECT pg_stat_clear_snapshot()")
-        row = tx.query_one(
-            "SELECT idx_blks_hit + idx_blks_read FROM pg_statio_user_indexes "
-            "WHERE indexrelid = ?::regclass",
-            (index,),
-        )
+        row = tx.query_one(counter, (name,))
     return int(row[0]) if row else 0
+
+
+def _index_pages_read(db: homing.Database, index: str) -> int:
+    return _pages_read(
+        db,
+        "SELECT idx_blks_hit + idx_blks_read FROM pg_statio_user_indexes "
+        "WHERE indexrelid = ?::regclass",
+        index,
+    )
 
 
 @pytest.mark.parametrize("backend", ["postgres"])  # MVCC: dead index entries are PostgreSQL's
@@ -322,5 +329,74 @@ def test_completions_do_not_read_the_index_of_running_jobs(store_url: str) -> No
             assert db.complete_each([job]) == []  # the worker's completion
         read = _index_pages_read(db, "homing_jobs_leases") - before
         assert read < 3, f"21 completions read {read} pages of the running-jobs index"
+    finally:
+        db.close()
+
+
+def _table_pages_read(db: homing.Database) -> int:
+    return _pages_read(
+        db,
+        "SELECT heap_blks_hit + heap_blks_read FROM pg_statio_user_tables "
+        "WHERE relid = ?::regclass",
+        "homing_jobs",
+    )
+
+
+def _stage(db: homing.Database, batch: str, n: int, priority: int = 0) -> None:
+    from homing.store import jobs_queries as q
+    from homing.store import spark_queries as sq
+
+    now = db.clock.now()
+    with db.store.transaction() as tx:
+        q.open_batch(tx, batch, now=now)
+        jobs = [
+            sq.StagedJob(homing.uuid7(), "contract_s", json.dumps({"i": i}), priority, now, None)
+            for i in range(n)
+        ]
+        sq.stage_jobs(tx, batch, jobs, now=now)
+        q.commit_batch(tx, batch, now=now)
+
+
+def test_a_grab_from_committed_batches_reads_only_what_it_takes(store_url: str) -> None:
+    """Jobs of committed staged batches are grabbed in priority order across batches, a
+    few at a time; on PostgreSQL a grab reads a few pages whatever the batches hold (it
+    read and sorted every job of every committed batch: 4 s a grab with 2,000,000)."""
+    db = homing.connect(store_url)
+    try:
+        _stage(db, "big", 20000)
+        _stage(db, "urgent", 3, priority=5)
+        first = db.grab_many(["contract_s"], lock_for=60, limit=5)
+        assert [j.priority for j in first] == [5, 5, 5, 0, 0]
+        if db.store.dialect == "postgres":
+            before = _table_pages_read(db)
+            for _ in range(5):
+                got = db.grab_many(["contract_s"], lock_for=60, limit=10)
+                assert len(got) == 10
+            read = _table_pages_read(db) - before
+            # ~75 a grab (the 10 rows it leases, their new versions, index entries of jobs
+            # grabbed before); reading the batch was 4,000 and more
+            assert read < 600, f"5 grabs of 10 staged jobs read {read} pages of homing_jobs"
+        taken = len(first) + (50 if db.store.dialect == "postgres" else 0)
+        rest = db.grab_many(["contract_s"], lock_for=60, limit=30000)
+        assert len(rest) == 20003 - taken  # every staged job once
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize("backend", ["postgres"])  # SQLite has no autovacuum to miss
+def test_a_server_without_autovacuum_is_named_in_a_warning(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """This machine's PostgreSQL runs with autovacuum = off: the store says so when asked
+    (a worker asks at start), and says nothing when it is on."""
+    db = homing.connect(store_url)
+    try:
+        with db.store.transaction(write=False) as tx:
+            row = tx.query_one("SELECT current_setting('autovacuum')")
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="homing.store"):
+            off = db.store.warn_if_never_vacuumed()
+        assert off == (row is not None and row[0] == "off")
+        assert ("autovacuum is off" in caplog.text) == off
     finally:
         db.close()

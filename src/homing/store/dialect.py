@@ -37,6 +37,15 @@ class GrabRequest:
         return [self.token, self.until, self.until, self.host, self.pid, self.worker]
 
 
+# The state of a job whose lease is still held, written as an InitPlan rather than the
+# constant 'running'. With the constant, and statistics that say few jobs run (autovacuum
+# analyzes the table only now and then), PostgreSQL proves the predicate of
+# homing_jobs_leases (the partial index of running jobs) and may read it instead of the id
+# index; that index keeps an entry for every job that ran since the last VACUUM, and each
+# completion read them all. Test: tests/store/test_contract.py::
+# test_completions_do_not_read_the_index_of_running_jobs (fails with the constant).
+STILL_RUNNING = "(SELECT 'running')"
+
 SET_LEASE = (
     "state = 'running', attempts = attempts + 1, lease_token = ?, lease_expires_at = ?, "
     "available_at = ?, holder_host = ?, holder_pid = ?, holder_worker = ?, batch_id = NULL"

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
-from homing.store.dialect import GrabRequest
+from homing.store.dialect import STILL_RUNNING, GrabRequest
 from homing.store.job_deps_queries import WAIT_AT
 from homing.store.job_filters import compile_where
 from homing.store.protocol import Tx
@@ -61,12 +61,9 @@ def _row(tx: Tx, values: Sequence[Any]) -> dict[str, Any]:
     return row
 
 
-# A lease still held, found by the job's id. The state to match is an InitPlan, not the
-# constant 'running': with the constant, and statistics that say few jobs run (autovacuum
-# analyzes the table only now and then), PostgreSQL reads homing_jobs_leases (the partial
-# index of running jobs) instead of the id index; that index keeps an entry for every job
-# that ran since the last VACUUM, and each call read them all.
-HELD = "id = ? AND lease_token = ? AND state = (SELECT 'running')"
+# A lease still held, found by the job's id (never through the index of running jobs:
+# see STILL_RUNNING).
+HELD = f"id = ? AND lease_token = ? AND state = {STILL_RUNNING}"
 
 
 # -- insert ------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
@@ -26,6 +27,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise ConfigurationError(
         "the PostgreSQL backend needs psycopg 3: pip install 'homing[postgres]'"
     ) from exc
+
+_log = logging.getLogger("homing.store")
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _HOMING_OPTIONS = ("schema", "pool_size", "durable", "connect_timeout_s")
@@ -115,8 +118,14 @@ class _Replanner:
     of ``homing_jobs``) while the table grows: every grab and completion then reads every row.
     Dropping the statements at 0.25, 0.75, 1.75, 3.75 ... seconds of a connection's life (at
     most every ``MAX_STEP`` s) re-plans them with the current sizes, for one extra statement
-    each time. (With a first step of 1 s, the batched bench cycle lost 13% to its first
-    second of plans made for the empty table.)
+    each time. The first step is short because a batched cycle on a new store otherwise
+    spends its first second on those plans (a hash join over a sequential scan in the
+    completion). Tests: ``tests/store/test_contract.py::test_plans_made_on_an_empty_table_
+    do_not_outlive_its_growth`` and ``::test_replanning_never_leaves_psycopg_with_
+    statements_the_server_dropped``.
+
+    Every thread that checks a connection out of the pool calls ``check``, so the schedule
+    is kept under a lock (a WeakKeyDictionary is not safe to change from several threads).
     """
 
     FIRST_STEP = 0.25
@@ -125,23 +134,29 @@ class _Replanner:
     def __init__(self) -> None:
         self._due: weakref.WeakKeyDictionary[Any, tuple[float, float]] = weakref.WeakKeyDictionary()
         self._count = 0
+        self._lock = threading.Lock()
 
     def check(self, conn: Any) -> None:
+        """Called with ``conn`` checked out (so no other thread uses it): drop its
+        prepared statements if they are due."""
         now = time.monotonic()
-        due = self._due.get(conn)
-        if due is None:
-            self._due[conn] = (now + self.FIRST_STEP, self.FIRST_STEP)
-            return
-        at, step = due
-        if now < at or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-            return
+        with self._lock:
+            due = self._due.get(conn)
+            if due is None:
+                self._due[conn] = (now + self.FIRST_STEP, self.FIRST_STEP)
+                return
+            at, step = due
+            if now < at or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                return
+            step = min(step * 2, self.MAX_STEP)
+            self._due[conn] = (now + step, step)
+            self._count += 1
+            count = self._count
         # psycopg sees the command tag DEALLOCATE ALL and forgets its prepared names; the
         # text differs each time so that psycopg treats it as a statement it has not seen
-        # (it checks the tag only of statements new to its cache).
-        self._count += 1
-        conn.execute(f"DEALLOCATE ALL -- replan {self._count}", prepare=False)
-        step = min(step * 2, self.MAX_STEP)
-        self._due[conn] = (now + step, step)
+        # (it checks the tag only of statements new to its cache). Outside the lock: the
+        # round trip must not hold up other threads' checkouts.
+        conn.execute(f"DEALLOCATE ALL -- replan {count}", prepare=False)
 
 
 class PostgresStore:
@@ -301,6 +316,23 @@ class PostgresStore:
         from homing.store.migrations import apply_migrations
 
         return apply_migrations(self)
+
+    def warn_if_never_vacuumed(self) -> bool:
+        """Log a warning (a worker does at start) when the server runs without
+        autovacuum: the indexes of ready, running and staged jobs then keep an entry for
+        every job that passed through until someone runs VACUUM, and every grab walks them,
+        slower and slower as jobs pass through. True if it is off."""
+        with self.transaction(write=False) as tx:
+            row = tx.query_one("SELECT current_setting('autovacuum')")
+        off = row is not None and str(row[0]).lower() in ("off", "false", "0")
+        if off:
+            _log.warning(
+                "autovacuum is off on this PostgreSQL server: homing's job indexes keep the "
+                "entries of finished jobs until a VACUUM, and grabs slow down as jobs pass "
+                "through. Turn autovacuum on, or run VACUUM (ANALYZE) on homing_jobs, "
+                "homing_http_outbox and homing_http_inbox regularly (e.g. from cron)."
+            )
+        return off
 
     def notify_channel(self, channel: str) -> str:
         return f"{self.schema}_{channel}" if self.schema else channel

@@ -15,7 +15,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from homing.store.dialect import SET_LEASE, GrabRequest, SqlDialect
+from homing.store.dialect import SET_LEASE, STILL_RUNNING, GrabRequest, SqlDialect
 from homing.store.protocol import Tx
 
 _INSERT_COLS = (
@@ -221,11 +221,16 @@ class PostgresSql(SqlDialect):
         ]
         # Jobs of committed staged batches come after the others (kind 1), in the same
         # statement: an empty grab is one round trip.
+        # One ordered scan of homing_jobs_staged_ready per committed batch and type
+        # (LATERAL), each stopping at the limit: `batch_id IN (...)` made PostgreSQL read
+        # and sort every job of every committed batch on each grab.
         staged = (
-            f"SELECT {_OLD}, priority, run_at AS avail FROM homing_jobs WHERE batch_id IN "
-            "(SELECT batch_id FROM homing_job_batches WHERE state = 'committed') "
-            f"AND type = ANY(?) AND state = 'ready' AND run_at <= ?{g.where_sql} "
-            "ORDER BY priority DESC, seq LIMIT ? FOR UPDATE SKIP LOCKED"
+            "SELECT c.* FROM (SELECT batch_id FROM homing_job_batches "
+            "WHERE state = 'committed') b CROSS JOIN unnest(?::text[]) AS t(name) "
+            f"CROSS JOIN LATERAL (SELECT {_OLD}, priority, run_at AS avail FROM homing_jobs "
+            "WHERE batch_id = b.batch_id AND type = t.name AND state = 'ready' "
+            f"AND run_at <= ?{g.where_sql} ORDER BY priority DESC, seq LIMIT ? "
+            "FOR UPDATE SKIP LOCKED) c"
         )
         staged_params = [list(g.types), g.now, *g.where_params, g.limit]
         return self._lease(
@@ -277,17 +282,13 @@ class PostgresSql(SqlDialect):
         )
 
     def finish_leased(self, tx: Tx, pairs: Sequence[tuple[str, str]], *, now: float) -> set[str]:
-        # The state to match arrives as data (t.running), not as the constant 'running':
-        # with the constant, the planner may read the partial index of running jobs
-        # (homing_jobs_leases) and visit every heap row it points to. That index keeps an
-        # entry for every job that ran since the last VACUUM, so a completion of 100 jobs
-        # read 5,100 entries and 459 heap pages after 5,000 jobs; by id it reads ~3 per job.
+        # The jobs are found by id, never through the index of running jobs (STILL_RUNNING).
         rows = tx.query(
             "UPDATE homing_jobs j SET state = 'done', finished_at = ?, lease_expires_at = NULL "
-            "FROM unnest(?::text[], ?::text[], ?::text[]) AS t(id, token, running) "
-            "WHERE j.id = t.id AND j.lease_token = t.token AND j.state = t.running "
+            "FROM unnest(?::text[], ?::text[]) AS t(id, token) "
+            f"WHERE j.id = t.id AND j.lease_token = t.token AND j.state = {STILL_RUNNING} "
             "RETURNING j.id",
-            (now, [p[0] for p in pairs], [p[1] for p in pairs], ["running"] * len(pairs)),
+            (now, [p[0] for p in pairs], [p[1] for p in pairs]),
         )
         return {str(r[0]) for r in rows}
 

@@ -162,6 +162,11 @@ class Store(Protocol):
         """Apply pending schema migrations; return the names applied."""
         ...
 
+    def warn_if_never_vacuumed(self) -> bool:
+        """Log a warning when dead index entries of finished jobs are never cleaned up
+        (PostgreSQL with autovacuum off); True then. A worker asks at start."""
+        ...
+
     def close(self) -> None: ...
 
     def wait_for_notification(self, channel: str, timeout: float) -> bool:

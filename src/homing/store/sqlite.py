@@ -178,6 +178,9 @@ class SQLiteStore:
 
         return apply_migrations(self)
 
+    def warn_if_never_vacuumed(self) -> bool:
+        return False  # SQLite reuses freed pages itself; its indexes hold no dead entries
+
     def wait_for_notification(self, channel: str, timeout: float) -> bool:
         time.sleep(max(0.0, timeout))
         return False

@@ -193,13 +193,24 @@ class SqliteSql(SqlDialect):
         return self._lease(tx, g, columns, found[: g.limit])
 
     def grab_staged(self, tx: Tx, g: GrabRequest, columns: str) -> list[tuple[Any, ...]]:
-        found = tx.query(
-            f"SELECT {_HOLDER} FROM homing_jobs WHERE batch_id IN "
-            "(SELECT batch_id FROM homing_job_batches WHERE state = 'committed') "
-            f"AND type IN ({_marks(len(g.types))}) AND state = 'ready' AND run_at <= ?"
-            f"{g.where_sql} ORDER BY priority DESC, seq LIMIT ?",
-            [*g.types, g.now, *g.where_params, g.limit],
-        )
+        # One ordered scan of homing_jobs_staged_ready per committed batch and type, each
+        # stopping at the limit, merged here: `batch_id IN (...)` sorted every job of every
+        # committed batch on each grab.
+        batches = [
+            r[0]
+            for r in tx.query("SELECT batch_id FROM homing_job_batches WHERE state = 'committed'")
+        ]
+        candidates: list[tuple[Any, ...]] = []
+        for batch in batches:
+            for job_type in g.types:
+                candidates += tx.query(
+                    f"SELECT {_HOLDER}, priority, seq FROM homing_jobs WHERE batch_id = ? "
+                    f"AND type = ? AND state = 'ready' AND run_at <= ?{g.where_sql} "
+                    "ORDER BY priority DESC, seq LIMIT ?",
+                    [batch, job_type, g.now, *g.where_params, g.limit],
+                )
+        candidates.sort(key=lambda r: (-r[-2], r[-1]))
+        found = [r[:-2] for r in candidates[: g.limit]]
         return self._lease(tx, g, columns, found) if found else []
 
     def finish_leased(self, tx: Tx, pairs: Sequence[tuple[str, str]], *, now: float) -> set[str]:

@@ -30,8 +30,8 @@ def prefetch_for(w: Worker) -> int:
     By default: ``max(4, concurrency)``, or more when handlers are short: as many as the
     runners get through in about ``PREFETCH_WAIT_S`` at the handlers' average run time, up
     to ``MAX_PREFETCH_PER_SLOT`` per slot. Short jobs then share a grab and a completion
-    commit by the dozen (one worker process drained 5,300 no-op jobs/s with 4 prefetched
-    and 12,200/s with 28), while a prefetched job waits ~20 ms at most for a runner."""
+    commit by the dozen (docs/worker.md, "Throughput", has the measured effect), while a
+    prefetched job waits ~20 ms at most for a runner."""
     mean = w.handler_seconds
     if not w.adaptive_prefetch or mean is None:
         return w.prefetch

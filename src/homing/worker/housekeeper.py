@@ -19,7 +19,19 @@ if TYPE_CHECKING:
 log = logging.getLogger("homing.worker")
 
 
+def warn_about_the_store(w: Worker) -> None:
+    """Say at start what of the store's setup will slow grabs down (PostgreSQL without
+    autovacuum); a store that cannot tell, or is down now, says nothing."""
+    stores = w.db.live_shards() if isinstance(w.db, ShardedDatabase) else [w.db]
+    for db in stores:
+        try:
+            db.store.warn_if_never_vacuumed()
+        except Exception as exc:  # the check is advice, never a reason to stop
+            log.debug("could not read the store's autovacuum setting: %s", exc)
+
+
 def keep_tidy(w: Worker) -> None:
+    warn_about_the_store(w)
     delay = w.gc_every * random.uniform(0.1, 1.0)  # spreads workers started together
     while not w._stopped.wait(delay):
         delay = w.gc_every

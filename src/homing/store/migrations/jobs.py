@@ -192,6 +192,16 @@ _DEPS = (
     "run_at {real} NOT NULL, PRIMARY KEY (job_id, after_id))"
 )
 
+# Version 6: ready jobs of staged batches in an index of their own, per batch and type in
+# grab order. A grab took the jobs of committed batches through homing_jobs_staged, which
+# holds every job a batch ever had: with 2,000,000 notifications in committed batches it
+# read and sorted all of them on every grab. Now the grab walks this index
+# one batch and type at a time and stops at its limit (PostgresSql.grab, SqliteSql.grab_staged).
+_STAGED_READY = (
+    "CREATE INDEX homing_jobs_staged_ready ON homing_jobs (batch_id, type, priority DESC, seq) "
+    "WHERE batch_id IS NOT NULL AND state = 'ready'"
+)
+
 MIGRATIONS: list[Migration] = [
     Migration(1, "jobs", _SQLITE, _POSTGRES),
     Migration(2, "ready_index", _V2_SQLITE, _V2_POSTGRES),
@@ -210,4 +220,5 @@ MIGRATIONS: list[Migration] = [
         (_DEPS.format(real="REAL"),),
         (_DEPS.format(real="DOUBLE PRECISION"),),
     ),
+    Migration(6, "staged_ready_index", (_STAGED_READY,), (_STAGED_READY,)),
 ]
