@@ -78,6 +78,7 @@ def run_receiver(store_url: str, port: int) -> None:
             "retry": RetryPolicy(initial=0.05, maximum=0.5),
             "request_timeout": 3.0,
         },
+        **at_receipt_option(),
     )
 
     failed_once: set[int] = set()
@@ -96,6 +97,13 @@ def run_receiver(store_url: str, port: int) -> None:
     sock.bind(("127.0.0.1", port))
     server = uvicorn.Server(uvicorn.Config(receiver.app, log_level="error", lifespan="on"))
     server.run(sockets=[sock])
+
+
+def at_receipt_option() -> dict[str, float]:
+    """The receiver's handle_at_receipt_below from the test's environment (by default
+    the receiver's own, which a loaded machine may keep a writing handler above)."""
+    value = os.environ.get("HOMING_CHAOS_AT_RECEIPT_BELOW")
+    return {"handle_at_receipt_below": float(value)} if value else {}
 
 
 def run_sender(store_url: str, target: str, reply_port: int, reply_base: str, n: int) -> None:
@@ -412,6 +420,23 @@ def test_sigkill_at_every_failpoint_then_drain(
     report = scenario.run(30, sender_fps=sender_fps, receiver_fps=receiver_fps, budget=90)
     # every failpoint really fired: one SIGKILL (and restart) per spec
     assert report["restarts"] == {"sender": len(sender_fps), "receiver": len(receiver_fps)}, report
+    print(report)
+
+
+@pytest.mark.slow
+def test_sigkill_inside_the_commit_that_stores_and_handles(
+    stores: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A message is handled at receipt once its node's handler proved short: the receiver
+    is killed after such a handler ran, before the commit that would hold the entry, the
+    handler's write and the done mark. Nothing of it stays; the sender's retry makes it
+    once."""
+    # a budget no handler run here exceeds: the crash must not wait on the machine's load
+    monkeypatch.setenv("HOMING_CHAOS_AT_RECEIPT_BELOW", "0.5")
+    scenario = Scenario(stores, tmp_path)
+    fps = ["http.receiver.at_receipt_before_commit=12*crash"]
+    report = scenario.run(90, receiver_fps=fps, budget=90)
+    assert report["restarts"] == {"receiver": 1}, report
     print(report)
 
 

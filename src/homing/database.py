@@ -284,6 +284,11 @@ class Database(TypeAdmin, _JobAPI):
         with self.store.transaction() as tx:
             yield Transaction(tx, self._ops)
 
+    def bind(self, tx: Tx) -> Transaction:
+        """The job API over a store transaction the caller already holds (a group commit
+        that runs several callers' writes in one transaction hands each of them this)."""
+        return Transaction(tx, self._ops)
+
     def migrate(self) -> list[str]:
         return self.store.migrate()
 

@@ -2,12 +2,22 @@
 transaction that either commits the handler's writes with the entry marked done, or
 records the failure (with its history) against the entry. An entry that no attempt can
 handle becomes a dead letter that keeps its body, never a NULL: listable and redrivable.
+
+Handling at receipt: an Option 2 message to a node whose handler has proved short is
+handled in the transaction that stores it (the receiver's group commit), in a savepoint,
+exactly as the background worker's first attempt would be: one commit holds the entry,
+the handler's writes and the done mark, instead of two transactions (store, then lock
+and handle). A failed attempt is recorded in that commit and the background worker
+retries it later. Measured with ``bench/http.py`` (a round ends when every message was
+also handled): more messages/s on both stores.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -15,6 +25,7 @@ from typing import Any
 
 from homing import ids
 from homing._failpoints import failpoint
+from homing.averages import rise_fast_fall_slow
 from homing.database import Database, Transaction
 from homing.errors import PermanentFailure
 from homing.http import wire
@@ -27,6 +38,9 @@ log = logging.getLogger("homing.http")
 Handler = Callable[[Any, Transaction], Any]
 #: Failed attempts kept in an entry's history (the oldest are dropped past this).
 MAX_HISTORY = 20
+#: By default a node's handler is run at receipt while its average run time stays below
+#: this: the commit that acknowledges a group of messages waits for their handlers.
+AT_RECEIPT_BELOW_S = 0.001
 
 
 PROBLEM_TYPE = "application/problem+json"
@@ -85,6 +99,7 @@ class Inbox:
         absurd_after: float,
         stats: dict[str, int],
         on_reply: Callable[[Tx], None],
+        at_receipt_below: float = AT_RECEIPT_BELOW_S,
     ) -> None:
         self.db = db
         self.nodes = nodes
@@ -93,6 +108,27 @@ class Inbox:
         self.absurd_after = absurd_after
         self.stats = stats
         self.on_reply = on_reply
+        self.at_receipt_below = at_receipt_below
+        self._run_time: dict[str, float] = {}  # node path -> handlers' average seconds
+        self._run_time_lock = threading.Lock()
+
+    def at_receipt_for(self, path: str) -> bool:
+        """Whether to handle a new entry for this node at receipt: once its handler has
+        proved short (a node starts out handled in the background)."""
+        mean = self._run_time.get(path)
+        return mean is not None and mean < self.at_receipt_below
+
+    def _ran(self, path: str, seconds: float) -> None:
+        with self._run_time_lock:
+            self._run_time[path] = rise_fast_fall_slow(self._run_time.get(path), seconds)
+
+    def at_receipt(self, t: Transaction, row: q.InboxRow, done: list[str]) -> bool:
+        """The first attempt at an Option 2 entry just inserted in ``t`` (not visible to
+        anyone else yet, so no lock is needed); True when the handler succeeded. Its id is
+        then added to ``done``, which the caller marks done before ``t`` commits
+        (``q.finish_handled``: one statement for the batch)."""
+        self.stats["handled_at_receipt"] = self.stats.get("handled_at_receipt", 0) + 1
+        return self.attempt(t, row, True, done).status == 200
 
     def handle(
         self,
@@ -130,19 +166,30 @@ class Inbox:
                 return stored_answer(row, replayed=True)
             return self.attempt(t, row, background)
 
-    def attempt(self, t: Transaction, row: q.InboxRow, background: bool) -> Answer:
+    def attempt(
+        self, t: Transaction, row: q.InboxRow, background: bool, done: list[str] | None = None
+    ) -> Answer:
         """Run the handler once in a savepoint of ``t``; on failure its writes are undone
-        and the failure is recorded in ``t`` instead (never a second run for this attempt)."""
+        and the failure is recorded in ``t`` instead (never a second run for this attempt).
+        ``done``: an Option 2 entry that succeeded is added there instead of being marked
+        done here (the caller marks the list done in ``t``)."""
         handler = self.nodes.get(row.path)
         try:
             if handler is None:
                 raise PermanentFailure(f"no node at {row.path} handles this message any more")
             with t.tx.savepoint():
                 value = wire.decode_body(row.content_type, row.body or b"")
-                result = handler(value, t)
+                started = time.perf_counter()
+                try:
+                    result = handler(value, t)
+                finally:
+                    self._ran(row.path, time.perf_counter() - started)
                 ctype, data = wire.encode_body(result, None)
                 failpoint("http.receiver.in_handler_before_commit")
-                self.finish(t.tx, row, "done", 200, ctype, data, None)
+                if done is not None and row.mode == "send":
+                    done.append(row.id)
+                else:
+                    self.finish(t.tx, row, "done", 200, ctype, data, None)
         except PermanentFailure as exc:
             return self._failed(t.tx, row, f"the handler refused the message: {exc}", True, True)
         except Exception as exc:

@@ -50,15 +50,17 @@ def _store_reply_tx(
     with db.store.transaction() as tx:
         existing = q.insert_incoming(
             tx,
-            msg_id=msg_id,
-            path=reply_path,
-            mode="reply",
-            body_hash=digest,
-            content_type=ctype,
-            body=b"",
-            response_url=None,
-            now=now,
-            work_at=None,
+            q.received_row(
+                msg_id=msg_id,
+                path=reply_path,
+                mode="reply",
+                body_hash=digest,
+                content_type=ctype,
+                body=b"",
+                response_url=None,
+                now=now,
+                work_at=None,
+            ),
         )
         if existing is not None:
             return "conflict" if existing.body_hash != digest else "duplicate"

@@ -37,7 +37,8 @@ from homing.errors import InvalidArgument
 from homing.http import _ingress, standard, wire
 from homing.http._fastpath import NodeFastPath, route_path
 from homing.http._group import GroupCommit
-from homing.http._inbox import Answer, Handler, Inbox, Refused, stored_answer
+from homing.http._inbox import AT_RECEIPT_BELOW_S, Answer, Handler, Inbox, Refused, stored_answer
+from homing.http._receipt import Handled, Receipt, ReceiptBatch
 from homing.http._replies import job_status, store_reply
 from homing.http._worker import InboxWorker, gc
 from homing.http.dispatcher import Dispatcher, notify_changed
@@ -76,6 +77,9 @@ class Receiver:
     a callable of the request). ``webhook_secrets`` (``whsec_...``, several while rotating)
     verify Standard Webhooks deliveries, whose ``webhook-id`` names the message.
     ``resolver`` replaces the system's DNS for checking response URLs (tests).
+    ``handle_at_receipt_below``: an Option 2 message to a node whose handlers have run
+    shorter than this on average (seconds) is handled in the commit that stores it,
+    before the answer; 0 handles every one in the background (see docs/http.md).
     """
 
     def __init__(
@@ -97,6 +101,7 @@ class Receiver:
         webhook_secrets: Sequence[str | bytes] | None = None,
         webhook_tolerance: float = 300.0,
         resolver: wire.Resolver | None = None,
+        handle_at_receipt_below: float = AT_RECEIPT_BELOW_S,
     ) -> None:
         if not isinstance(db, Database):
             raise InvalidArgument(
@@ -104,6 +109,8 @@ class Receiver:
             )
         if max_body < 1 or workers < 1 or max_handler_attempts < 1:
             raise InvalidArgument("max_body, workers and max_handler_attempts must be >= 1")
+        if not 0 <= handle_at_receipt_below < float("inf"):
+            raise InvalidArgument("handle_at_receipt_below must be a number of seconds >= 0")
         self.db = db
         self.allowed_hosts = tuple(allowed_hosts)
         self.max_body = max_body
@@ -131,6 +138,7 @@ class Receiver:
             self._dispatcher_options.setdefault("resolver", resolver)
         self.dispatcher: Dispatcher | None = None
         self.stats = {"received": 0, "duplicates": 0, "handled": 0, "refused": 0, "dead": 0}
+        self.stats["handled_at_receipt"] = 0  # first attempts made in the storing commit
         self.inbox = Inbox(
             db,
             self._nodes,
@@ -139,6 +147,7 @@ class Receiver:
             absurd_after=absurd_after,
             stats=self.stats,
             on_reply=self._wake_dispatcher,
+            at_receipt_below=handle_at_receipt_below,
         )
         self._worker = InboxWorker(db, self.inbox, workers=workers, retention=self.retention)
         self._commit_pool = ThreadPoolExecutor(2, thread_name_prefix="homing-in-commit")
@@ -216,7 +225,9 @@ class Receiver:
         group = self._groups.get(loop)
         if group is None:
             # inbox inserts go to threads of their own (anyio's to_thread cost more CPU)
-            group = self._groups[loop] = GroupCommit(self.db.store, self._in_commit_thread)
+            group = self._groups[loop] = GroupCommit(
+                self.db.store, self._in_commit_thread, batch=ReceiptBatch(self.db)
+            )
         return group
 
     def _in_commit_thread(self, fn: Callable[[], T]) -> asyncio.Future[T]:
@@ -346,15 +357,16 @@ class Receiver:
         if is_reply:
             return await self._receive_reply(request, msg_id, digest, ctype, body)
         if mode == "put":
-            store = functools.partial(self._store, msg_id, path, mode, digest, ctype, body, None)
+            new = self._new_row(msg_id, path, mode, digest, ctype, body, None)
+            store = functools.partial(q.insert_incoming, row=new)
             return await self._receive_put(request, msg_id, digest, store)
-        existing = await self._group().run(
-            functools.partial(self._store, msg_id, path, mode, digest, ctype, body, response_url)
-        )
-        if existing is None:
+        row = self._new_row(msg_id, path, mode, digest, ctype, body, response_url)
+        handle = mode == "send" and self.inbox.at_receipt_for(path)
+        existing = await self._group().run(Receipt(self.db, self.inbox, row, handle))
+        if existing is None or isinstance(existing, Handled):
             self.stats["received"] += 1
             failpoint("http.receiver.after_inbox_insert")
-            if mode != "put":
+            if existing is None:
                 self._worker.wake()
         else:
             self.stats["duplicates"] += 1
@@ -439,7 +451,7 @@ class Receiver:
         )
 
     # -- storing and handling --------------------------------------------------------------
-    def _store(
+    def _new_row(
         self,
         msg_id: str,
         path: str,
@@ -448,11 +460,10 @@ class Receiver:
         ctype: str,
         body: bytes,
         response_url: str | None,
-        tx: Tx,
-    ) -> q.InboxRow | None:
+    ) -> q.InboxRow:
+        """The inbox row for a new request (a put is handled at once: no work time)."""
         now = self.db.clock.now()
-        return q.insert_incoming(
-            tx,
+        return q.received_row(
             msg_id=msg_id,
             path=path,
             mode=mode,

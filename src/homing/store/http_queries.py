@@ -382,8 +382,82 @@ def inbox_counts(tx: Tx) -> dict[str, int]:
 
 
 # -- inbox -------------------------------------------------------------------------------
-def insert_incoming(
-    tx: Tx,
+def insert_incoming(tx: Tx, row: InboxRow) -> InboxRow | None:
+    """Store an incoming request (a row made by ``received_row``) unless its id is known;
+    returns the existing row if it was."""
+    n = tx.rowcount(
+        "INSERT INTO homing_http_inbox (id, path, mode, body_hash, content_type, body, "
+        "response_url, state, attempts, next_attempt_at, received_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, 'received', 0, ?, ?) ON CONFLICT (id) DO NOTHING",
+        (
+            row.id,
+            row.path,
+            row.mode,
+            row.body_hash,
+            row.content_type,
+            row.body,
+            row.response_url,
+            row.next_attempt_at,
+            row.received_at,
+        ),
+    )
+    if n == 1:
+        return None
+    return incoming(tx, row.id)
+
+
+def insert_received(tx: Tx, rows: Sequence[InboxRow]) -> list[bool]:
+    """Store new incoming requests (rows made by ``received_row``); for each, whether it
+    was stored (False: its id was known already, or came earlier in ``rows``). One
+    statement for all of them on PostgreSQL; one each on SQLite, where a statement is a
+    call inside this process."""
+    if tx.sql.name != "postgres":
+        return [insert_incoming(tx, r) is None for r in rows]
+    stored = {
+        str(v[0])
+        for v in tx.query(
+            "INSERT INTO homing_http_inbox (id, path, mode, body_hash, content_type, body, "
+            "response_url, state, attempts, next_attempt_at, received_at) "
+            "SELECT id, path, mode, body_hash, content_type, body, response_url, 'received', "
+            "0, work_at, received_at FROM unnest(?::text[], ?::text[], ?::text[], ?::text[], "
+            "?::text[], ?::bytea[], ?::text[], ?::float8[], ?::float8[]) AS t(id, path, mode, "
+            "body_hash, content_type, body, response_url, work_at, received_at) "
+            "ON CONFLICT (id) DO NOTHING RETURNING id",
+            (
+                [r.id for r in rows],
+                [r.path for r in rows],
+                [r.mode for r in rows],
+                [r.body_hash for r in rows],
+                [r.content_type for r in rows],
+                [r.body or b"" for r in rows],
+                [r.response_url for r in rows],
+                [r.next_attempt_at for r in rows],
+                [r.received_at for r in rows],
+            ),
+        )
+    }
+    flags = []
+    for r in rows:  # an id twice in one batch: the first one was stored
+        flags.append(r.id in stored)
+        stored.discard(r.id)
+    return flags
+
+
+def finish_handled(tx: Tx, msg_ids: Sequence[str], *, now: float) -> None:
+    """Tombstone entries whose handler succeeded and that keep no response (Option 2),
+    all in one statement: ``finish_incoming`` with state done and nothing to keep."""
+    if not msg_ids:
+        return
+    where, params = tx.sql.in_list("id", msg_ids)
+    tx.execute(
+        "UPDATE homing_http_inbox SET state = 'done', finished_at = ?, status = NULL, "
+        "resp_content_type = NULL, resp_body = NULL, error = NULL, next_attempt_at = NULL, "
+        "body = NULL, dead_at = NULL, attempts = attempts + 1 WHERE " + where,
+        [now, *params],
+    )
+
+
+def received_row(
     *,
     msg_id: str,
     path: str,
@@ -394,17 +468,30 @@ def insert_incoming(
     response_url: str | None,
     now: float,
     work_at: float | None,
-) -> InboxRow | None:
-    """Store an incoming request unless its id is known; returns the existing row if it was."""
-    n = tx.rowcount(
-        "INSERT INTO homing_http_inbox (id, path, mode, body_hash, content_type, body, "
-        "response_url, state, attempts, next_attempt_at, received_at) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, 'received', 0, ?, ?) ON CONFLICT (id) DO NOTHING",
-        (msg_id, path, mode, body_hash, content_type, body, response_url, work_at, now),
+) -> InboxRow:
+    """The row ``insert_incoming`` stores for a new message, as ``incoming`` would read it
+    back (so the transaction that inserted it can handle it without reading it)."""
+    return InboxRow(
+        id=msg_id,
+        path=path,
+        mode=mode,
+        body_hash=body_hash,
+        content_type=content_type,
+        body=body,
+        response_url=response_url,
+        state="received",
+        attempts=0,
+        next_attempt_at=work_at,
+        received_at=now,
+        finished_at=None,
+        error=None,
+        status=None,
+        resp_content_type=None,
+        resp_body=None,
+        confirmed=0,
+        history=None,
+        dead_at=None,
     )
-    if n == 1:
-        return None
-    return incoming(tx, msg_id)
 
 
 def incoming(tx: Tx, msg_id: str) -> InboxRow | None:

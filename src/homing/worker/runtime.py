@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+from homing.averages import rise_fast_fall_slow
 from homing.database import Database, ShardedDatabase, Transaction, connect
 from homing.errors import ConfigurationError, InvalidArgument, InvalidState, JobNotFound, StaleLease
 from homing.jobs import Job, check_seconds
@@ -414,9 +415,7 @@ def handler_average(mean: float | None, ran: float) -> float:
     """The handlers' moving average run time, quick to rise and slow to fall: one slow
     handler shrinks the prefetch at once (fewer jobs wait behind it), fast ones grow it back
     over a few dozen jobs."""
-    if mean is None:
-        return ran
-    return mean + (0.5 if ran > mean else 0.05) * (ran - mean)
+    return rise_fast_fall_slow(mean, ran)
 
 
 def log_job(ctx: JobContext, outcome: str, duration: float, **extra: Any) -> None:
