@@ -94,3 +94,17 @@ def test_the_check_sees_a_repeated_and_a_missing_effect(
     assert rec["by_channel"] == {"im": 3}
     assert not checks["ok"]
     hooks.close()
+
+
+def test_a_stopped_fleet_spawns_no_more_workers(tmp_path: Path) -> None:
+    """The monitor thread respawns dead delivery workers; once the run stopped the fleet
+    (a timeout, an error) a respawn racing the stop starts nothing: a timed-out run left
+    three workers running with no parent."""
+    from homing.pipeline.processes import Fleet
+
+    cfg = PipelineConfig(db=f"sqlite:///{tmp_path / 'x.db'}", workers=1)
+    fleet = Fleet(cfg, 1, 2, tmp_path)
+    fleet.stop()
+    fleet.spawn()
+    fleet.start()
+    assert fleet.procs == [] and fleet.started == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -148,21 +149,31 @@ def _stage_rows(stage_a: StageStats, stage_b: StageStats, expected: data.Expecte
     return rows
 
 
-def drive(
-    cfg: PipelineConfig,
-    spark: Any,
-    db: Database | ShardedDatabase,
-    hooks: Database,
-    run: str,
-    tables: tuple[Path, Path],
-    expected: data.Expected,
-    fleet: Fleet,
-    console: Any,
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Run both Spark stages (``tables``: the subscriptions and subscribers files) and wait
-    until every delivery settled; return the stages' rows and the delivery figures."""
-    subscriptions, subscribers = tables
-    progress = _progress(cfg, console)
+@dataclass
+class RunParts:
+    """What the Spark stages and the monitor need of one run: its options, the Spark
+    session, the job store and the webhook receiver's store, the run id, the input tables
+    (subscriptions, subscribers), the expected counts, the delivery workers and the console
+    that shows progress."""
+
+    cfg: PipelineConfig
+    spark: Any
+    db: Database | ShardedDatabase
+    hooks: Database
+    run: str
+    tables: tuple[Path, Path]
+    expected: data.Expected
+    fleet: Fleet
+    console: Any
+
+
+def drive(parts: RunParts) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Run both Spark stages and wait until every delivery settled; return the stages'
+    rows and the delivery figures."""
+    cfg, spark, db, hooks, run = parts.cfg, parts.spark, parts.db, parts.hooks, parts.run
+    expected, fleet = parts.expected, parts.fleet
+    subscriptions, subscribers = parts.tables
+    progress = _progress(cfg, parts.console)
     monitor = Monitor(cfg, db, hooks, expected, fleet, progress)
     stage_a = StageStats(f"{EVENT} -> {SUBSCRIPTION}")
     stage_b = StageStats(f"{SUBSCRIPTION} -> {NOTIFICATION}")

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -94,8 +95,15 @@ class Fleet:
         self.serves: dict[subprocess.Popen[bytes], str] = {}
         self.killed = 0
         self.started = 0
+        self.stopped = False  # set by stop(): no spawn after it (the monitor may race it)
+        self._lock = threading.Lock()
 
     def spawn(self, shard: str | None = None) -> None:
+        with self._lock:
+            if not self.stopped:
+                self._spawn(shard)
+
+    def _spawn(self, shard: str | None) -> None:
         if shard is None:  # the first shard with the fewest workers
             serving = [self.serves[p] for p in self.procs]
             shard = min(self.shards, key=serving.count)
@@ -130,4 +138,9 @@ class Fleet:
         return len(dead)
 
     def stop(self) -> None:
-        stop_processes(self.procs)
+        """Stop every worker; the monitor thread may still be respawning dead ones: once
+        this holds the lock, nothing is spawned any more (a timed-out run left workers
+        running on before)."""
+        with self._lock:
+            self.stopped = True
+        stop_processes(list(self.procs))

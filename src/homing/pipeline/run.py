@@ -19,7 +19,7 @@ from homing.errors import ConfigurationError
 from homing.jobs import JobSpec
 from homing.pipeline import data
 from homing.pipeline.config import PipelineConfig
-from homing.pipeline.drive import drive
+from homing.pipeline.drive import RunParts, drive
 from homing.pipeline.effects import check, delivery_figures, read_receipts, shards
 from homing.pipeline.processes import Fleet, child_env, free_port, stop_processes, wait_port
 from homing.pipeline.report import Report, print_report
@@ -98,27 +98,15 @@ def _insert_events(db: Database | ShardedDatabase, run: str, events: int) -> Non
     )
 
 
-def _spark_stages(
-    cfg: PipelineConfig,
-    spark: Any,
-    db: Database | ShardedDatabase,
-    hooks: Database,
-    run: str,
-    tables: tuple[Path, Path],
-    report: Report,
-    fleet: Fleet,
-    console: Any,
-) -> None:
+def _spark_stages(parts: RunParts, report: Report) -> None:
     """The Spark stages (with the executor killer when asked), into ``report``."""
     from homing.pipeline.cluster import start_executor_killer
 
-    register(spark)
-    check_session(spark, cfg.db)
-    killer = start_executor_killer(spark, db) if cfg.kill_executor else None
+    register(parts.spark)
+    check_session(parts.spark, parts.cfg.db)
+    killer = start_executor_killer(parts.spark, parts.db) if parts.cfg.kill_executor else None
     try:
-        report.stages, report.deliveries = drive(
-            cfg, spark, db, hooks, run, tables, report.expected, fleet, console
-        )
+        report.stages, report.deliveries = drive(parts)
     finally:
         if killer is not None:
             killer.stop()
@@ -158,7 +146,8 @@ def run_pipeline(cfg: PipelineConfig, *, spark: Any = None, console: Any = None)
                 cfg.master, hold_first_write_ms=HOLD_MS if cfg.kill_executor else 0
             )
         tables = (subscriptions, subscribers)
-        _spark_stages(cfg, spark, db, hooks, run, tables, report, fleet, console)
+        parts = RunParts(cfg, spark, db, hooks, run, tables, expected, fleet, console)
+        _spark_stages(parts, report)
     finally:
         fleet.stop()
         receivers.stop()

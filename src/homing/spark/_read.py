@@ -55,6 +55,37 @@ def _arrow_batches(
         )
 
 
+def _csv_batches(
+    data: bytes, columns: Sequence[str], types: Sequence[Any], shard: int | None
+) -> Iterator[Any]:
+    """Arrow batches parsed from the store's CSV (``sq.read_table_csv``) by pyarrow's C++
+    reader; ``shard``: prefix ids and parent ids with ``"<shard>:"`` (``prefix_handles``)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.csv as pacsv
+
+    if not data:
+        return
+    table = pacsv.read_csv(
+        pa.py_buffer(data),
+        read_options=pacsv.ReadOptions(column_names=list(columns), block_size=1 << 22),
+        parse_options=pacsv.ParseOptions(newlines_in_values=True),
+        convert_options=pacsv.ConvertOptions(
+            column_types=dict(zip(columns, types, strict=True)),
+            null_values=[""],
+            strings_can_be_null=True,
+            quoted_strings_can_be_null=False,
+        ),
+    )
+    if shard is not None:
+        for name in ("id", "parent_id"):
+            i = table.schema.get_field_index(name)
+            table = table.set_column(
+                i, name, pc.binary_join_element_wise(f"{shard}:", table.column(i), "")
+            )
+    yield from table.to_batches(max_chunksize=ARROW_ROWS)
+
+
 def _types(columns: Sequence[str]) -> list[Any]:
     import pyarrow as pa
 
@@ -177,10 +208,14 @@ class TableReader(DataSourceReader):
         if partition.seq_hi <= partition.seq_lo:
             return
         store = store_for(self.urls[partition.shard])
+        bounds = (self.queue, partition.seq_lo, partition.seq_hi, partition.lease_token)
         with store.transaction(write=False) as tx:
-            rows = sq.read_table(
-                tx, self.queue, partition.seq_lo, partition.seq_hi, partition.lease_token
-            )
+            data = sq.read_table_csv(tx, *bounds)
+            rows = sq.read_table(tx, *bounds) if data is None else []
+        if data is not None:
+            shard = partition.shard if len(self.urls) > 1 else None
+            yield from _csv_batches(data, sq.TABLE_COLUMNS, _types(sq.TABLE_COLUMNS), shard)
+            return
         rows = _fix_table(rows)
         if len(self.urls) > 1:
             rows = prefix_handles(rows, partition.shard)

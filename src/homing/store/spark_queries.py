@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from homing.store import jobs_queries as q
-from homing.store.protocol import Tx
+from homing.store.protocol import Tx, to_pyformat
 
 BIG = 2**62
 
@@ -60,10 +60,9 @@ def seq_bounds(tx: Tx, queue: str | None) -> tuple[int, int]:
     return int(row[0]), int(row[1])
 
 
-def read_table(
-    tx: Tx, queue: str | None, seq_lo: int, seq_hi: int, lease_token: str | None
-) -> list[tuple[Any, ...]]:
-    """Visible rows with ``seq_lo < seq <= seq_hi`` (of one queue, or one lease when given)."""
+def _table_where(
+    seq_lo: int, seq_hi: int, queue: str | None, lease_token: str | None
+) -> tuple[str, list[Any]]:
     where = ["j.seq > ?", "j.seq <= ?", _VISIBLE]
     params: list[Any] = [seq_lo, seq_hi]
     if queue is not None:
@@ -72,11 +71,39 @@ def read_table(
     if lease_token is not None:
         where.append("j.lease_token = ? AND j.state = 'running'")
         params.append(lease_token)
+    return " AND ".join(where), params
+
+
+def read_table(
+    tx: Tx, queue: str | None, seq_lo: int, seq_hi: int, lease_token: str | None
+) -> list[tuple[Any, ...]]:
+    """Visible rows with ``seq_lo < seq <= seq_hi`` (of one queue, or one lease when given)."""
+    where, params = _table_where(seq_lo, seq_hi, queue, lease_token)
     return tx.query(
-        f"SELECT {_select(tx, TABLE_COLUMNS)} FROM homing_jobs j WHERE {' AND '.join(where)} "
-        "ORDER BY j.seq",
+        f"SELECT {_select(tx, TABLE_COLUMNS)} FROM homing_jobs j WHERE {where} ORDER BY j.seq",
         params,
     )
+
+
+def read_table_csv(
+    tx: Tx, queue: str | None, seq_lo: int, seq_hi: int, lease_token: str | None
+) -> bytes | None:
+    """``read_table``'s rows as CSV (PostgreSQL's ``COPY ... TO STDOUT``: the server
+    formats them and the client parses nothing in Python), or None where the store has no
+    COPY (SQLite: use ``read_table``). NULL is an unquoted empty field, an empty string a
+    quoted one. Values are bound by psycopg, as in every other statement."""
+    if tx.dialect != "postgres":
+        return None
+    where, params = _table_where(seq_lo, seq_hi, queue, lease_token)
+    statement = to_pyformat(
+        f"COPY (SELECT {_select(tx, TABLE_COLUMNS)} FROM homing_jobs j "
+        f"WHERE {where} ORDER BY j.seq) TO STDOUT WITH (FORMAT csv)"
+    )
+    out = bytearray()
+    with tx.connection.cursor() as cur, cur.copy(statement, params) as copy:
+        for block in copy:
+            out += block
+    return bytes(out)
 
 
 def leased_bounds(tx: Tx, lease_token: str) -> tuple[int, int, int]:
