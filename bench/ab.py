@@ -11,6 +11,8 @@ Run it on a quiet machine: the cells share the PostgreSQL server with everything
 from __future__ import annotations
 
 import argparse
+import datetime
+import io
 import json
 import os
 import statistics
@@ -19,6 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from bench import run as bench_run
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,6 +39,9 @@ CELLS: dict[str, dict[str, Any]] = {
         "consumers": 1,
     },
 }
+# The HTTP receiver alone (bench/http.py's Option 2 cell): always the working tree's
+# script, run on each version's homing (its ``src`` first on the path, the server too).
+HTTP_CELLS = {"http-receiver-sqlite": "sqlite", "http-receiver-pg": "postgres"}
 _DEFAULTS = {
     "cycle": {"batch": 1, "consumers": 2, "seconds": 3.0, "warmup_s": 0.3},
     "drain": {"batch": 1, "consumers": 1, "jobs": 6000, "preload_s": 5.0, "seconds": 5.0},
@@ -42,27 +49,36 @@ _DEFAULTS = {
 
 
 def spec_of(name: str) -> dict[str, Any]:
+    if name in HTTP_CELLS:
+        return {"http": HTTP_CELLS[name]}
     cell = CELLS[name]
     return {**_DEFAULTS[cell["workload"]], **cell}
 
 
 def run_cell(tree: Path, spec: dict[str, Any], timeout: float = 300.0) -> float | None:
-    """The cell's rate on the code in ``tree`` (None when it failed)."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(tree), str(tree / "src")])
-    try:
-        out = subprocess.run(
-            [sys.executable, "-m", "bench.drivers", json.dumps(spec)],
-            cwd=tree,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-        result = json.loads(out.stdout.strip().splitlines()[-1])
-    except (subprocess.TimeoutExpired, IndexError, json.JSONDecodeError):
-        return None
+    """The cell's rate on the code in ``tree`` (None when it failed): the harness's own
+    cell runner (``bench.run.run_cell``), pointed at ``tree``."""
+    if "http" in spec:
+        return run_http_cell(tree, spec["http"], timeout)
+    result = bench_run.run_cell(spec, io.StringIO(), timeout, root=tree)
     return float(result["rate"]) if result.get("ok") and "rate" in result else None
+
+
+def run_http_cell(tree: Path, backend: str, timeout: float) -> float | None:
+    """Messages/s of the receiver alone (1,000 Option 2 messages, one round)."""
+    env = bench_run.cell_env("http", tree)
+    with tempfile.TemporaryDirectory(prefix="homing-ab-http-") as tmp:
+        out = Path(tmp) / "http.json"
+        cmd = [sys.executable, str(ROOT / "bench" / "http.py"), "--backend", backend]
+        cmd += ["--only", "none", "--rounds", "1", "--n", "1000", "--out", str(out)]
+        try:
+            subprocess.run(cmd, cwd=tree, env=env, capture_output=True, timeout=timeout)
+            doc = json.loads(out.read_text())
+        except (subprocess.TimeoutExpired, OSError, ValueError):
+            return None
+    rows = {r["name"]: r for r in doc["runs"][backend]["results"]}
+    row = rows.get("homing receiver (Option 2)")
+    return float(row["msgs_per_s"]) if row else None
 
 
 def compare(base: Path, names: list[str], reps: int) -> dict[str, dict[str, list[float]]]:
@@ -96,11 +112,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base", required=True, help="the git revision to compare with")
     parser.add_argument("--reps", type=int, default=3, help="pairs per cell (default 3)")
     parser.add_argument(
-        "--cells", nargs="+", choices=sorted(CELLS), default=list(CELLS), help="cells to run"
+        "--cells",
+        nargs="+",
+        choices=sorted([*CELLS, *HTTP_CELLS]),
+        default=list(CELLS),
+        help="cells to run (the http-receiver ones only when named)",
+    )
+    parser.add_argument(
+        "--out", type=Path, help="also write the table, with the command, to this file"
     )
     args = parser.parse_args(argv)
     if args.reps < 1:
         parser.error("--reps must be at least 1")
+    started = datetime.datetime.now(datetime.UTC)
+    load = os.getloadavg()
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     with tempfile.TemporaryDirectory(prefix="homing-ab-") as tmp:
         tree = Path(tmp) / "base"
         subprocess.run(
@@ -115,8 +143,18 @@ def main(argv: list[str] | None = None) -> int:
                 ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
                 capture_output=True,
             )
+    result = table(runs, args.base)
     print()
-    print(table(runs, args.base))
+    print(result)
+    if args.out is not None:
+        ended = datetime.datetime.now(datetime.UTC)
+        command = "python -m bench.ab " + " ".join(argv if argv is not None else sys.argv[1:])
+        args.out.write_text(
+            f"# Before / after: {args.base} vs the working tree (HEAD {head})\n\n"
+            f"`{command}`, {started:%Y-%m-%d %H:%M}-{ended:%H:%M} UTC, load average "
+            f"{load[0]:.2f} at the start; each cell alternated between the two versions, "
+            f"{args.reps} pairs, a fresh store per cell.\n\n{result}\n"
+        )
     return 0
 
 

@@ -28,6 +28,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+import uuid
 from typing import Any
 
 import httpx
@@ -104,7 +105,24 @@ async def closed_loop(n: int, concurrency: int, one: Any) -> tuple[list[float], 
     return latencies, time.perf_counter() - t0
 
 
-async def run(args: argparse.Namespace, base: str, sdb: homing.Database) -> list[dict[str, Any]]:
+def unhandled(rdb: homing.Database) -> int:
+    with rdb.store.transaction(write=False) as tx:
+        row = tx.query_one("SELECT COUNT(*) FROM homing_http_inbox WHERE state = 'received'")
+    return int(row[0]) if row else 0
+
+
+async def drained(rdb: homing.Database) -> float:
+    """Seconds until the receiver handled every stored message (its background work
+    belongs to its round, not to the next round's plain POSTs)."""
+    started = time.perf_counter()
+    while await asyncio.to_thread(unhandled, rdb):
+        await asyncio.sleep(0.005)
+    return time.perf_counter() - started
+
+
+async def run(
+    args: argparse.Namespace, base: str, sdb: homing.Database, rdb: homing.Database
+) -> list[dict[str, Any]]:
     results = []
     limits = httpx.Limits(max_connections=args.concurrency)
     async with httpx.AsyncClient(limits=limits, timeout=30) as client:
@@ -130,13 +148,37 @@ async def run(args: argparse.Namespace, base: str, sdb: homing.Database) -> list
             )
             assert r.status_code == 204
 
-        await closed_loop(200, args.concurrency, plain_lean)  # warm-up
-        results.append(
-            summary(
-                "plain POST (homing's client)",
-                *await closed_loop(args.n, args.concurrency, plain_lean),
+        async def receive(i: int) -> None:
+            r = await lean.request(
+                "POST",
+                base + "/noop",
+                content=json.dumps({"i": i}).encode(),
+                headers={
+                    "content-type": "application/json",
+                    "homing-message-id": str(uuid.uuid4()),
+                    "homing-mode": "send",
+                },
             )
-        )
+            assert r.status_code == 204, r.status_code
+
+        await closed_loop(200, args.concurrency, plain_lean)  # warm-up
+        await closed_loop(200, args.concurrency, receive)
+        await drained(rdb)
+        # The receiver alone against the bare endpoint, alternated in rounds so that the
+        # machine's drift hits both alike; each keeps its own figure. A receiver round
+        # ends when every message it stored was also handled.
+        plain_lat: list[float] = []
+        recv_lat: list[float] = []
+        plain_s = recv_s = 0.0
+        for _ in range(args.rounds):
+            lat, took = await closed_loop(args.n, args.concurrency, plain_lean)
+            plain_lat += lat
+            plain_s += took
+            lat, took = await closed_loop(args.n, args.concurrency, receive)
+            recv_lat += lat
+            recv_s += took + await drained(rdb)
+        results.append(summary("plain POST (homing's client)", plain_lat, plain_s))
+        results.append(summary("homing receiver (Option 2)", recv_lat, recv_s))
     async with AsyncSender(
         sdb, per_destination=args.concurrency, max_in_flight=args.concurrency
     ) as s:
@@ -147,12 +189,17 @@ async def run(args: argparse.Namespace, base: str, sdb: homing.Database) -> list
         async def put(i: int) -> None:
             await s.put(base + "/noop", {"i": i})
 
-        results.append(
-            summary("homing send (Option 2)", *await closed_loop(args.n, args.concurrency, send))
-        )
-        results.append(
-            summary("homing put (Option 1)", *await closed_loop(args.n, args.concurrency, put))
-        )
+        only = set(args.only.split(","))
+        if "send" in only:
+            results.append(
+                summary(
+                    "homing send (Option 2)", *await closed_loop(args.n, args.concurrency, send)
+                )
+            )
+        if "put" in only:
+            results.append(
+                summary("homing put (Option 1)", *await closed_loop(args.n, args.concurrency, put))
+            )
     return results
 
 
@@ -161,7 +208,14 @@ def main() -> None:
     parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite")
     parser.add_argument("--n", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--only", default="send,put", help="Which of send,put to run.")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="alternated rounds of bare vs receiver (default 3)"
+    )
+    parser.add_argument(
+        "--only",
+        default="send,put",
+        help="which of send,put (sender to receiver) to run besides the receiver alone",
+    )
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "http.json"))
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="homing-bench-http-"))
@@ -179,8 +233,11 @@ def main() -> None:
                 time.sleep(0.05)
         sdb = homing.connect(surl)
         assert isinstance(sdb, homing.Database)
-        results = asyncio.run(run(args, base, sdb))
+        rdb = homing.connect(rurl)
+        assert isinstance(rdb, homing.Database)
+        results = asyncio.run(run(args, base, sdb, rdb))
         sdb.close()
+        rdb.close()
     finally:
         server.terminate()
         server.wait()

@@ -146,10 +146,15 @@ def plan(smoke: bool) -> list[Group]:
 REDIS_DB = {"celery-redis": 13, "rq-redis": 14}
 
 
-def cell_env(system: str) -> dict[str, str]:
-    """Each system gets a database of its own (and a Redis db), so cells never collide."""
+def cell_env(system: str, root: Path = ROOT) -> dict[str, str]:
+    """Each system gets a database of its own (and a Redis db), so cells never collide.
+
+    ``root`` is the source tree whose code the cell runs (``bench.ab`` passes a worktree
+    of another revision); its ``src`` comes before the installed homing."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(root), str(root / "src"), os.environ.get("PYTHONPATH", "")]
+    )
     head, _, db = PG_URL.rpartition("/")
     db, _, query = db.partition("?")
     suffix = system.replace("-", "_")
@@ -159,13 +164,14 @@ def cell_env(system: str) -> dict[str, str]:
     return env
 
 
-def run_cell(spec: dict[str, Any], log: Any, timeout: float) -> dict[str, Any]:
+def run_cell(spec: dict[str, Any], log: Any, timeout: float, root: Path = ROOT) -> dict[str, Any]:
+    """One cell in a process of its own, on the code in ``root``; its result record."""
     cmd = [sys.executable, "-m", "bench.drivers", json.dumps(spec)]
     started = time.monotonic()
-    env = cell_env(spec["system"])
+    env = cell_env(spec["system"], root)
     try:
         proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env
+            cmd, capture_output=True, text=True, timeout=timeout, cwd=root, env=env
         )
         out, err = proc.stdout, proc.stderr
         lines = [ln for ln in out.splitlines() if ln.startswith("{")]
@@ -187,7 +193,7 @@ def run_cell(spec: dict[str, Any], log: Any, timeout: float) -> dict[str, Any]:
 # repetition and takes both figures of each pair, so their ratio enters the targets.
 EXTERNAL: dict[str, list[str]] = {
     "messenger": ["bench/messenger.py", "--n", "1500", "--durable-n", "200"],
-    "http": ["bench/http.py", "--n", "200"],
+    "http": ["bench/http.py", "--n", "300", "--only", "none"],
 }
 EXTERNAL_SYSTEMS = [
     "homing-messenger",
@@ -234,12 +240,13 @@ def run_external(name: str, out: Path, log: Any, timeout: float) -> list[dict[st
         else:
             rows = {r["name"]: r for r in next(iter(doc["runs"].values()))["results"]}
             pair = (
-                rows["homing send (Option 2)"]["msgs_per_s"],
+                rows["homing receiver (Option 2)"]["msgs_per_s"],
                 rows["plain POST (homing's client)"]["msgs_per_s"],
             )
             what = (
-                "homing send (Option 2, durable) vs plain POST to a no-op endpoint, same "
-                "server, same HTTP client (the dispatcher's)"
+                "the receiver alone: Option 2 messages (stored durably, then handled) vs "
+                "plain POSTs to a no-op endpoint of the same server, same HTTP client, "
+                "alternated in rounds"
             )
         return [
             {"system": names[0], "ok": True, "rate": pair[0], "wall_s": wall, "durability": what},

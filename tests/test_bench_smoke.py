@@ -64,12 +64,14 @@ def test_bench_smoke(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(180)
-def test_before_after_runs_a_cell_on_both_versions() -> None:
+def test_before_after_runs_a_cell_on_both_versions(tmp_path: Path) -> None:
     """``python -m bench.ab`` checks a revision out beside the working tree and runs the
-    cell on each; against HEAD both sides succeed and a ratio is printed."""
+    cell on each; against HEAD both sides succeed and a ratio is printed, and ``--out``
+    writes the same table with the command that made it."""
+    out = tmp_path / "ab.md"
     proc = subprocess.run(
         [sys.executable, "-m", "bench.ab", "--base", "HEAD", "--reps", "1"]
-        + ["--cells", "drain-1-worker-sqlite"],
+        + ["--cells", "drain-1-worker-sqlite", "--out", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -78,3 +80,5 @@ def test_before_after_runs_a_cell_on_both_versions() -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     row = next(line for line in proc.stdout.splitlines() if line.startswith("| drain-1"))
     assert row.rstrip(" |").endswith("x"), row  # a ratio, so both sides produced a rate
+    written = out.read_text()
+    assert "python -m bench.ab --base HEAD" in written and row in written
