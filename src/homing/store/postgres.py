@@ -329,10 +329,38 @@ class PostgresStore:
             _log.warning(
                 "autovacuum is off on this PostgreSQL server: homing's job indexes keep the "
                 "entries of finished jobs until a VACUUM, and grabs slow down as jobs pass "
-                "through. Turn autovacuum on, or run VACUUM (ANALYZE) on homing_jobs, "
-                "homing_http_outbox and homing_http_inbox regularly (e.g. from cron)."
+                "through. homing's workers VACUUM its tables themselves every --vacuum-every "
+                "seconds (Worker(vacuum_every=...), default 60); turning autovacuum on is "
+                "better."
             )
         return off
+
+    def vacuum_if_due(self, every: float) -> list[str]:
+        """VACUUM (ANALYZE) homing's tables, when autovacuum is off, that hold at least
+        ``VACUUM_MIN_DEAD`` dead rows and had no VACUUM in ``every`` seconds (the server's
+        own statistics say both, so the workers of a deployment share the schedule). An
+        advisory lock per table lets one process at a time do it; the others skip."""
+        with self.transaction(write=False) as tx:
+            row = tx.query_one("SELECT current_setting('autovacuum')")
+            if row is None or str(row[0]).lower() not in ("off", "false", "0"):
+                return []
+            due = tx.query(_DUE_FOR_VACUUM, (VACUUM_MIN_DEAD, every))
+        done: list[str] = []
+        for schema, table, relid in due:
+            with self._connection() as conn:  # autocommit: VACUUM runs outside a transaction
+                lock = (_VACUUM_LOCK, relid)
+                if not conn.execute(_TRY_LOCK, lock).fetchone()[0]:
+                    continue  # another process vacuums it now
+                try:
+                    conn.execute(
+                        pgsql.SQL("VACUUM (ANALYZE) {}.{}").format(
+                            pgsql.Identifier(schema), pgsql.Identifier(table)
+                        )
+                    )
+                finally:
+                    conn.execute(_UNLOCK, lock)
+            done.append(table)
+        return done
 
     def notify_channel(self, channel: str) -> str:
         return f"{self.schema}_{channel}" if self.schema else channel
@@ -361,6 +389,20 @@ class PostgresStore:
         for listener in self._listeners.values():
             listener.stop()
         self.pool.close()
+
+
+VACUUM_MIN_DEAD = 1000
+_VACUUM_LOCK = 0x686F6D  # "hom": the advisory-lock class of homing's own VACUUMs
+# homing's tables in the schema in use with enough dead rows and no VACUUM for a while.
+# Table names come from the catalog, never from a caller.
+_DUE_FOR_VACUUM = (
+    "SELECT schemaname, relname, relid::int FROM pg_stat_user_tables "
+    "WHERE schemaname = current_schema() AND relname LIKE 'homing\\_%' "
+    "AND n_dead_tup >= ? AND coalesce(greatest(last_vacuum, last_autovacuum), "
+    "'-infinity') < now() - make_interval(secs => ?) ORDER BY n_dead_tup DESC"
+)
+_TRY_LOCK = "SELECT pg_try_advisory_lock(%s::int, %s::int)"
+_UNLOCK = "SELECT pg_advisory_unlock(%s::int, %s::int)"
 
 
 def _connection_lost(exc: BaseException) -> bool:

@@ -167,6 +167,12 @@ class Store(Protocol):
         (PostgreSQL with autovacuum off); True then. A worker asks at start."""
         ...
 
+    def vacuum_if_due(self, every: float) -> list[str]:
+        """Where the server will not (PostgreSQL with autovacuum off), VACUUM (ANALYZE)
+        homing's tables that have dead rows and were not vacuumed in the last ``every``
+        seconds, one process at a time; return the tables vacuumed. Elsewhere: []."""
+        ...
+
     def close(self) -> None: ...
 
     def wait_for_notification(self, channel: str, timeout: float) -> bool:

@@ -181,6 +181,9 @@ class SQLiteStore:
     def warn_if_never_vacuumed(self) -> bool:
         return False  # SQLite reuses freed pages itself; its indexes hold no dead entries
 
+    def vacuum_if_due(self, every: float) -> list[str]:
+        return []  # nothing to collect: see warn_if_never_vacuumed
+
     def wait_for_notification(self, channel: str, timeout: float) -> bool:
         time.sleep(max(0.0, timeout))
         return False

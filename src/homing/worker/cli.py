@@ -84,6 +84,14 @@ def load_app(target: str) -> App:
     help="Seconds between `homing gc` passes run by this worker (0: leave it to cron).",
 )
 @click.option(
+    "--vacuum-every",
+    type=click.FloatRange(min=0),
+    default=60.0,
+    show_default=True,
+    help="PostgreSQL without autovacuum only: seconds between VACUUMs of homing's tables "
+    "that hold dead rows (one worker at a time does it; 0: never).",
+)
+@click.option(
     "--gather",
     type=click.FloatRange(min=0),
     default=0.005,
@@ -123,6 +131,7 @@ def worker(
     grace: float,
     prefetch: int | None,
     gc_every: float,
+    vacuum_every: float,
     gather: float,
     metrics_port: int | None,
     traces: bool,
@@ -153,6 +162,7 @@ def worker(
         grace=grace,
         prefetch=prefetch,
         gc_every=gc_every,
+        vacuum_every=vacuum_every,
         gather=gather,
         until_idle=until_idle,
         name=name,

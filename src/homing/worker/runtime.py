@@ -91,7 +91,9 @@ class Worker:
     covered by the heartbeat; a number fixes it; use 0 for long jobs, so that an idle
     worker elsewhere takes them instead), ``gc_every`` (seconds between
     ``homing gc`` passes run by this worker, default an hour, 0 to leave it to a cron
-    job), ``gather`` (seconds an idle worker woken by an insert waits before it grabs, so
+    job), ``vacuum_every`` (PostgreSQL without autovacuum only: seconds between this
+    worker's VACUUMs of homing's tables that hold dead rows, shared with the other workers
+    through the server's statistics; default 60, 0 never), ``gather`` (seconds an idle worker woken by an insert waits before it grabs, so
     that one grab and one completion commit cover the jobs of the next moments; default
     5 ms; 0 grabs at once), ``watch_every`` (seconds between looks for cancelled jobs among
     those held, default 0.5), ``schedules`` (run the app's periodic schedules, default
@@ -114,6 +116,7 @@ class Worker:
         until_idle: bool = False,
         prefetch: int | None = None,
         gc_every: float = 3600.0,
+        vacuum_every: float = 60.0,
         gather: float = 0.005,
         watch_every: float = 0.5,
         schedules: bool = True,
@@ -144,6 +147,7 @@ class Worker:
         self.idle_wait = check_seconds("idle_wait", idle_wait, allow_zero=False)
         self.until_idle = until_idle
         self.gc_every = check_seconds("gc_every", gc_every, allow_zero=True)
+        self.vacuum_every = check_seconds("vacuum_every", vacuum_every, allow_zero=True)
         self.gather = check_seconds("gather", gather, allow_zero=True)
         self.watch_every = check_seconds("watch_every", watch_every, allow_zero=False)
         self.schedules = list(getattr(app, "schedules", [])) if schedules else []
@@ -216,7 +220,7 @@ class Worker:
         if self.heartbeat > 0:
             self._spawn("heartbeat", lambda: heartbeat.keep_leases(self))
         self._spawn("fetcher", lambda: fetcher.fetch_jobs(self))
-        if self.gc_every > 0 and not self.until_idle:
+        if (self.gc_every > 0 or self.vacuum_every > 0) and not self.until_idle:
             self._spawn("housekeeper", lambda: housekeeper.keep_tidy(self))
         self._spawn("watcher", lambda: watcher.watch_cancels(self))
         if self.schedules and not self.until_idle:
