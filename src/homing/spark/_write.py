@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql.datasource import (
@@ -126,10 +126,10 @@ def _route(jobs: list[sq.StagedJob], shards: int) -> dict[int, list[sq.StagedJob
         if job.parent_id:
             shard, parent = shard_of(job.parent_id, shards)
             _, job_id = shard_of(job.id, shards)
-            job = replace(job, id=job_id, parent_id=parent)
+            job = job._replace(id=job_id, parent_id=parent)
         else:
             shard, job_id = shard_of(job.id, shards)
-            job = replace(job, id=job_id)
+            job = job._replace(id=job_id)
         out.setdefault(shard, []).append(job)
     return out
 

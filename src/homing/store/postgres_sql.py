@@ -92,7 +92,10 @@ class PostgresSql(SqlDialect):
     def stage_jobs(
         self, tx: Tx, insert: str, rows: Sequence[tuple[Any, ...]], batch: str, now: float
     ) -> None:
-        """The rows travel by COPY into a temporary table, then one upsert."""
+        """The rows travel by COPY into a temporary table, then one upsert. An id twice in
+        one upsert is an error ("cannot affect row a second time"), so a chunk with
+        duplicate ids is deduplicated by a sort (DISTINCT ON); one without (the usual
+        case, checked here) skips that sort."""
         tx.execute(
             "CREATE TEMP TABLE IF NOT EXISTS homing_spark_stage (id TEXT, type TEXT, args TEXT, "
             "priority INTEGER, run_at DOUBLE PRECISION, parent_id TEXT) ON COMMIT DELETE ROWS"
@@ -104,8 +107,10 @@ class PostgresSql(SqlDialect):
             for r in rows:
                 copy.write_row(r)
         head, _, conflict = insert.partition(" VALUES ")
+        unique = len({r[0] for r in rows}) == len(rows)
         tx.execute(
-            f"{head} SELECT DISTINCT ON (id) id, type, args::jsonb, priority, 'ready', run_at, "
+            f"{head} SELECT {'' if unique else 'DISTINCT ON (id) '}id, type, args::jsonb, "
+            "priority, 'ready', run_at, "
             "run_at, parent_id, ?, ?, ? FROM homing_spark_stage "
             + conflict[conflict.index("ON CONFLICT") :],
             (now, batch, batch),

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from homing.store import jobs_queries as q
 from homing.store.protocol import Tx, to_pyformat
@@ -264,8 +263,10 @@ def set_cursor(tx: Tx, consumer: str, queue: str, position: dict[str, int], now:
 
 
 # -- staged writes -----------------------------------------------------------------------
-@dataclass(frozen=True)
-class StagedJob:
+class StagedJob(NamedTuple):
+    """One row of a staged write, in the column order of the COPY (a tuple: the sink makes
+    one per row)."""
+
     id: str
     type: str
     args_json: str
@@ -301,7 +302,7 @@ def stage_jobs(tx: Tx, staged_batch: str, jobs: Sequence[StagedJob], *, now: flo
         tx,
         f"INSERT INTO homing_jobs ({_STAGE_COLS}) VALUES (?, ?, ?, ?, 'ready', ?, ?, ?, ?, ?, ?) "
         + _ADOPT,
-        [(j.id, j.type, j.args_json, j.priority, j.run_at, j.parent_id) for j in jobs],
+        jobs,
         staged_batch,
         now,
     )
