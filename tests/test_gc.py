@@ -15,7 +15,7 @@ from click.testing import CliRunner
 import homing
 from homing.housekeeping import Retention, collect
 from homing.sessions import Server, Sessions
-from homing.store import engine_queries, http_queries, messenger_queries
+from homing.store import engine_queries, http_inbox_queries, http_queries, messenger_queries
 
 DAY = 24 * 3600.0
 N = 6
@@ -95,9 +95,9 @@ def fill(db: homing.Database, round_: int) -> None:
                     )
                 ],
             )
-            http_queries.insert_incoming(
+            http_inbox_queries.insert_incoming(
                 tx,
-                http_queries.received_row(
+                http_inbox_queries.received_row(
                     msg_id=homing.uuid7(),
                     path="/x",
                     mode="send",
@@ -122,7 +122,7 @@ def fill(db: homing.Database, round_: int) -> None:
                 confirm_url=None,
             )
         for (msg_id,) in tx.query("SELECT id FROM homing_http_inbox WHERE state = 'received'"):
-            http_queries.finish_incoming(
+            http_inbox_queries.finish_incoming(
                 tx,
                 msg_id,
                 state="done",

@@ -361,6 +361,7 @@ def test_a_response_url_that_rebinds_to_loopback_is_not_called(
 def test_http_schema_upgrades_from_version_1_with_rows_in_flight(stores: Any) -> None:
     """A store made by the previous release (http schema v1, a pending outbox row and a
     received inbox entry) upgrades in place and both rows stay usable."""
+    from homing.store import http_inbox_queries as iq
     from homing.store import http_queries as q
     from homing.store.migrations import component_migrations
 
@@ -394,7 +395,7 @@ def test_http_schema_upgrades_from_version_1_with_rows_in_flight(stores: Any) ->
     assert "http:0003_http_endpoints" in applied
     with db.store.transaction() as tx:
         out = q.outgoing(tx, "o1")
-        inn = q.incoming(tx, "i1")
+        inn = iq.incoming(tx, "i1")
     assert out is not None and out.headers is None and out.state == "pending"
     assert inn is not None and inn.body == b"[1]" and inn.history is None and inn.dead_at is None
     db.close()

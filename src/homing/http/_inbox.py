@@ -30,6 +30,7 @@ from homing.database import Database, Transaction
 from homing.errors import PermanentFailure
 from homing.http import wire
 from homing.http.policy import RetryPolicy
+from homing.store import http_inbox_queries as iq
 from homing.store import http_queries as q
 from homing.store.protocol import Tx
 
@@ -126,7 +127,7 @@ class Inbox:
         """The first attempt at an Option 2 entry just inserted in ``t`` (not visible to
         anyone else yet, so no lock is needed); True when the handler succeeded. Its id is
         then added to ``done``, which the caller marks done before ``t`` commits
-        (``q.finish_handled``: one statement for the batch)."""
+        (``iq.finish_handled``: one statement for the batch)."""
         self.stats["handled_at_receipt"] = self.stats.get("handled_at_receipt", 0) + 1
         return self.attempt(t, row, True, done).status == 200
 
@@ -144,7 +145,7 @@ class Inbox:
         another body is refused with 422 and changes nothing."""
         with self.db.transaction() as t:
             if store is not None:
-                if not q.try_lock_message(t.tx, msg_id):
+                if not iq.try_lock_message(t.tx, msg_id):
                     return None  # another process is serving this id now: 409
                 existing = store(t.tx)
                 if existing is not None and (
@@ -157,7 +158,7 @@ class Inbox:
                         "for a new message",
                     )
                 self.stats["duplicates" if existing else "received"] += 1
-            ok, row = q.lock_incoming(t.tx, msg_id)
+            ok, row = iq.lock_incoming(t.tx, msg_id)
             if not ok:
                 return None
             if row is None:
@@ -211,7 +212,7 @@ class Inbox:
             self.stats["dead"] = self.stats.get("dead", 0) + 1
             return Answer(501, PROBLEM_TYPE, data, False, True)
         at = now + self.retry.delay(attempts) if background else None
-        q.retry_incoming(tx, row.id, at=at, error=error, history=history)
+        iq.retry_incoming(tx, row.id, at=at, error=error, history=history)
         data = problem_body(503, f"the handler failed, retry later: {error}")
         return Answer(503, PROBLEM_TYPE, data)
 
@@ -230,7 +231,7 @@ class Inbox:
     ) -> None:
         now = self.db.clock.now()
         keep = row.mode == "put"
-        q.finish_incoming(
+        iq.finish_incoming(
             tx,
             row.id,
             state=state,
@@ -285,7 +286,7 @@ class Inbox:
         handled = 0
         with self.db.transaction() as t:
             for msg_id in msg_ids:
-                ok, row = q.lock_incoming(t.tx, msg_id)
+                ok, row = iq.lock_incoming(t.tx, msg_id)
                 if ok and row is not None and row.state == "received":
                     handled += self.attempt(t, row, True).status == 200
         if handled:

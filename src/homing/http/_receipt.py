@@ -1,11 +1,11 @@
 """Storing the receiver's new messages in its group commit, a batch at a time.
 
 Each Option 2 or job request becomes a ``Receipt`` (a write for ``GroupCommit``). The
-batch's hooks store all of its receipts first (``q.insert_received``: one statement on
+batch's hooks store all of its receipts first (``iq.insert_received``: one statement on
 PostgreSQL), then each receipt runs: a duplicate reads the entry it repeats, a message
 whose node's handler has proved short gets its first attempt at once (``Inbox.
 at_receipt``), and before the commit the handled ones are marked done together
-(``q.finish_handled``). So a batch of N new messages costs two statements plus a
+(``iq.finish_handled``). So a batch of N new messages costs two statements plus a
 savepoint per handled message, and one commit: entries, the handlers' writes and the
 done marks, or none of them.
 """
@@ -18,6 +18,7 @@ from typing import Any
 from homing._failpoints import failpoint
 from homing.database import Database
 from homing.http._inbox import Inbox
+from homing.store import http_inbox_queries as iq
 from homing.store import http_queries as q
 from homing.store.protocol import Tx
 
@@ -46,7 +47,7 @@ class Receipt:
         """None: stored (the background handles it); ``HANDLED``: stored and attempted;
         an ``InboxRow``: the id was known, this is the entry it names."""
         if not self.stored:
-            return q.incoming(tx, self.row.id)
+            return iq.incoming(tx, self.row.id)
         if not self.handle:
             return None
         self.inbox.at_receipt(self.db.bind(tx), self.row, self.done)
@@ -65,11 +66,11 @@ class ReceiptBatch:
         receipts = [fn for fn in fns if isinstance(fn, Receipt)]
         done: list[str] = []
         if receipts:
-            flags = q.insert_received(tx, [r.row for r in receipts])
+            flags = iq.insert_received(tx, [r.row for r in receipts])
             for receipt, stored in zip(receipts, flags, strict=True):
                 receipt.stored = stored
                 receipt.done = done
         return done
 
     def end(self, tx: Tx, done: list[str]) -> None:
-        q.finish_handled(tx, done, now=self.db.clock.now())
+        iq.finish_handled(tx, done, now=self.db.clock.now())

@@ -9,6 +9,7 @@ import base64
 from typing import Any
 
 from homing.database import Database
+from homing.store import http_inbox_queries as iq
 from homing.store import http_queries as q
 
 
@@ -48,9 +49,9 @@ def _store_reply_tx(
     now: float,
 ) -> str:
     with db.store.transaction() as tx:
-        existing = q.insert_incoming(
+        existing = iq.insert_incoming(
             tx,
-            q.received_row(
+            iq.received_row(
                 msg_id=msg_id,
                 path=reply_path,
                 mode="reply",
@@ -69,7 +70,7 @@ def _store_reply_tx(
             is None
         ):
             raise _UnknownJob
-        q.finish_incoming(
+        iq.finish_incoming(
             tx,
             msg_id,
             state="done",
@@ -85,7 +86,7 @@ def _store_reply_tx(
 def job_status(db: Database, msg_id: str) -> dict[str, Any] | None:
     """The answer of ``GET /_homing/inbox/{id}`` (None: unknown id)."""
     with db.store.transaction(write=False) as tx:
-        row = q.incoming(tx, msg_id)
+        row = iq.incoming(tx, msg_id)
         reply = q.reply_for(tx, msg_id) if row is not None and row.mode == "job" else None
     if row is None:
         return None

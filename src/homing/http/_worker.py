@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from homing.database import Database
 from homing.http._inbox import Inbox
+from homing.store import http_inbox_queries as iq
 from homing.store import http_queries as q
 
 log = logging.getLogger("homing.http")
@@ -86,7 +87,7 @@ class InboxWorker:
         while not self._stop.is_set():
             try:
                 with self.db.store.transaction(write=False) as tx:
-                    due = q.due_incoming(tx, now=self.db.clock.now(), limit=self.workers * _BATCH)
+                    due = iq.due_incoming(tx, now=self.db.clock.now(), limit=self.workers * _BATCH)
             except Exception as exc:
                 log.warning("inbox poll failed: %s", exc)
                 due = []

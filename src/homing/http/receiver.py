@@ -44,6 +44,7 @@ from homing.http._worker import InboxWorker, gc
 from homing.http.dispatcher import Dispatcher, notify_changed
 from homing.http.errors import UnsafeURL
 from homing.http.policy import DEFAULT_ABSURD_AFTER_S, RetryPolicy
+from homing.store import http_inbox_queries as iq
 from homing.store import http_queries as q
 from homing.store.protocol import Tx
 
@@ -255,7 +256,7 @@ class Receiver:
         problem = self._unsigned(request)  # an unsigned DELETE could drop a stored response
         if problem is not None:
             return _error(401, problem, **self._headers())
-        found = await self._group().run(functools.partial(q.confirm_incoming, msg_id=msg_id))
+        found = await self._group().run(functools.partial(iq.confirm_incoming, msg_id=msg_id))
         if not found:
             return _error(404, f"no answered message {msg_id} in this inbox")
         return Response(status_code=204, headers=self._headers())
@@ -358,7 +359,7 @@ class Receiver:
             return await self._receive_reply(request, msg_id, digest, ctype, body)
         if mode == "put":
             new = self._new_row(msg_id, path, mode, digest, ctype, body, None)
-            store = functools.partial(q.insert_incoming, row=new)
+            store = functools.partial(iq.insert_incoming, row=new)
             return await self._receive_put(request, msg_id, digest, store)
         row = self._new_row(msg_id, path, mode, digest, ctype, body, response_url)
         handle = mode == "send" and self.inbox.at_receipt_for(path)
@@ -428,7 +429,7 @@ class Receiver:
 
     def _read(self, msg_id: str) -> q.InboxRow | None:
         with self.db.store.transaction(write=False) as tx:
-            return q.incoming(tx, msg_id)
+            return iq.incoming(tx, msg_id)
 
     def _in_progress(self, msg_id: str) -> Response:
         return _error(
@@ -463,7 +464,7 @@ class Receiver:
     ) -> q.InboxRow:
         """The inbox row for a new request (a put is handled at once: no work time)."""
         now = self.db.clock.now()
-        return q.received_row(
+        return iq.received_row(
             msg_id=msg_id,
             path=path,
             mode=mode,
