@@ -72,3 +72,21 @@ def test_uuid7_is_time_ordered_and_unique() -> None:
     ids = [homing.uuid7() for _ in range(10_000)]
     assert ids == sorted(ids) and len(set(ids)) == len(ids)
     assert all(i[14] == "7" for i in ids[:10])
+
+
+def test_uuid7_in_a_forked_child_never_repeats_the_parents_random_bits() -> None:
+    """ids draw random bytes from a per-process pool; a child must not inherit it."""
+    import os
+
+    [homing.uuid7() for _ in range(3)]  # the parent's pool is filled
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.write(write, homing.uuid7().encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    child = os.read(read, 64).decode()
+    os.close(read)
+    parent = homing.uuid7()
+    assert child[19:] != parent[19:]  # the 62 random bits (with the variant)
