@@ -37,8 +37,9 @@ class _JobAPI:
     def _tx(self) -> AbstractContextManager[Tx]:
         raise NotImplementedError
 
-    def _stmt(self) -> AbstractContextManager[Tx]:
-        """For operations that are one statement: no BEGIN/COMMIT round trips where it helps."""
+    def _stmt(self, *, durable: bool = True) -> AbstractContextManager[Tx]:
+        """For operations that are one statement: no BEGIN/COMMIT round trips where it helps;
+        ``durable=False`` for leases (see ``Store.statement``)."""
         return self._tx()
 
     def insert(
@@ -100,8 +101,10 @@ class _JobAPI:
         their limits, each in a transaction that holds the type's lock (see ``limit``)."""
         names = check_types(types)
         controls = self._ops.controls.get()
+        # A lease need not reach the disk by itself (Store.statement): losing it in a
+        # power failure is its expiry; the completion that follows is durable.
         if not controls:  # no type has a control: the one statement, as ever
-            with self._stmt() as tx:
+            with self._stmt(durable=False) as tx:
                 return self._ops.grab(
                     tx,
                     names,
@@ -115,7 +118,7 @@ class _JobAPI:
         plan = plan_grab(controls, names)
         jobs: list[Job] = []
         if plan.free:
-            with self._stmt() as tx:
+            with self._stmt(durable=False) as tx:
                 jobs = self._ops.grab(
                     tx,
                     plan.free,
@@ -185,7 +188,7 @@ class _JobAPI:
     ) -> float:
         """Extend the lease to ``lock_for`` seconds from now, but not past ``not_after``
         (a store-clock time, e.g. the attempt's timeout); returns the new expiry."""
-        with self._stmt() as tx:
+        with self._stmt(durable=False) as tx:
             return self._ops.extend(tx, job, lock_for, lease_token, not_after)
 
     def release(
@@ -275,8 +278,8 @@ class Database(TypeAdmin, _JobAPI):
     def _tx(self) -> AbstractContextManager[Tx]:
         return self.store.transaction()
 
-    def _stmt(self) -> AbstractContextManager[Tx]:
-        return self.store.statement()
+    def _stmt(self, *, durable: bool = True) -> AbstractContextManager[Tx]:
+        return self.store.statement(durable=durable)
 
     @contextmanager
     def transaction(self) -> Iterator[Transaction]:

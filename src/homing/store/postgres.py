@@ -223,6 +223,8 @@ class PostgresStore:
             open=False,
             name=f"homing-{id(self)}",
         )
+        self._pool_kwargs = kwargs
+        self._leases: ConnectionPool | None = None
         self._schema_ready = not self.schema
         self._schema_lock = threading.Lock()
         self._replanner = _Replanner()
@@ -270,27 +272,53 @@ class PostgresStore:
         tx.run_after_commit()
 
     @contextmanager
-    def statement(self) -> Iterator[Tx]:
+    def statement(self, *, durable: bool = True) -> Iterator[Tx]:
         """A connection in autocommit mode for work that is one statement (or a few that need
         no atomicity together): each statement commits by itself, saving the BEGIN and
-        COMMIT round trips. Joins the transaction open in this thread or task, if any."""
+        COMMIT round trips. Joins the transaction open in this thread or task, if any.
+        ``durable=False`` (leases) takes a connection of the lease pool, whose sessions run
+        with ``synchronous_commit = off``: no WAL flush of its own, and no SET per call."""
         current = self._slot.get()
         if current is not None:
             yield current
             return
-        with self._connection() as conn:
+        pool = self.pool if durable or not self.durable else self._lease_pool()
+        with self._connection(pool) as conn:
             tx = Tx(conn, self.sql, self)
             with self._slot.bind(tx):
                 yield tx
         tx.run_after_commit()
 
+    def _lease_pool(self) -> Any:
+        """The pool for commits that need not wait for the disk (made at the first lease)."""
+        pool = self._leases
+        if pool is None:
+            with self._schema_lock:
+                if self._leases is None:
+                    kwargs = dict(self._pool_kwargs)
+                    kwargs["options"] = " ".join(
+                        o for o in (kwargs.get("options"), "-c synchronous_commit=off") if o
+                    )
+                    leases = ConnectionPool(
+                        self.conninfo,
+                        min_size=1,
+                        max_size=self.pool.max_size,
+                        kwargs=kwargs,
+                        open=False,
+                        name=f"homing-leases-{id(self)}",
+                    )
+                    leases.open(wait=False)
+                    self._leases = leases
+                pool = self._leases
+        return pool
+
     @contextmanager
-    def _connection(self) -> Iterator[Any]:
+    def _connection(self, pool: Any = None) -> Iterator[Any]:
         """A pooled connection; an exhausted pool or a server that cannot be reached is
         ``StoreUnreachable`` (nothing was sent), a connection lost while in use is
         ``StoreUnavailable`` (the outcome of the statement is unknown): never a driver error."""
         try:
-            with self.pool.connection(timeout=self.pool_timeout) as conn:
+            with (pool or self.pool).connection(timeout=self.pool_timeout) as conn:
                 try:
                     if not self._schema_ready:
                         self._ensure_schema(conn)
@@ -389,6 +417,9 @@ class PostgresStore:
         for listener in self._listeners.values():
             listener.stop()
         self.pool.close()
+        with self._schema_lock:
+            if self._leases is not None:
+                self._leases.close()
 
 
 VACUUM_MIN_DEAD = 1000

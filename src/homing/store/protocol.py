@@ -149,9 +149,14 @@ class Store(Protocol):
         """Open a transaction, or join the one this thread/task already has open."""
         ...
 
-    def statement(self) -> AbstractContextManager[Tx]:
+    def statement(self, *, durable: bool = True) -> AbstractContextManager[Tx]:
         """For single-statement work: autocommit where that saves round trips (PostgreSQL),
-        else a transaction. Joins the open transaction, if any."""
+        else a transaction. Joins the open transaction, if any.
+
+        ``durable=False`` is for leases (a grab, a lease extension): the commit does not
+        wait for the disk. It becomes durable with the next durable commit of the store
+        (the log is one sequence), and a power loss before that forgets it, which is the
+        same as the lease expiring: the job is ready again. A process crash loses nothing."""
         ...
 
     def in_transaction(self) -> Tx | None:

@@ -155,9 +155,23 @@ class SQLiteStore:
                 self._write_lock.release()
         tx.run_after_commit()
 
-    def statement(self) -> AbstractContextManager[Tx]:
-        """SQLite runs in process: a statement is an ordinary write transaction."""
-        return self.transaction()
+    def statement(self, *, durable: bool = True) -> AbstractContextManager[Tx]:
+        """SQLite runs in process: a statement is an ordinary write transaction; one that
+        need not be durable (a lease) commits with ``synchronous = NORMAL``, without an
+        fsync of its own (the next FULL commit's fsync of the WAL covers it)."""
+        if durable or not self.durable or self._slot.get() is not None:
+            return self.transaction()
+        return self._unsynced_transaction()
+
+    @contextmanager
+    def _unsynced_transaction(self) -> Iterator[Tx]:
+        conn = self._connection()
+        conn.execute("PRAGMA synchronous = NORMAL")
+        try:
+            with self.transaction() as tx:
+                yield tx
+        finally:
+            conn.execute("PRAGMA synchronous = FULL")
 
     def _commit(self, conn: sqlite3.Connection) -> None:
         # COMMIT can meet SQLITE_BUSY when a reader holds the WAL; retry within the timeout.

@@ -1,0 +1,62 @@
+"""A lease (grab, extension) commits without waiting for the disk; nothing else does.
+
+The danger of the optimisation is a durable write (an insert, a completion) that runs with
+the lease's setting. These tests read the setting each kind of statement runs with."""
+
+from __future__ import annotations
+
+import pytest
+
+import homing
+
+
+def _sync_setting(db: homing.Database, *, durable: bool) -> str:
+    with db.store.statement(durable=durable) as tx:
+        if db.store.dialect == "postgres":
+            row = tx.query_one("SELECT current_setting('synchronous_commit')")
+        else:
+            row = tx.query_one("PRAGMA synchronous")
+    assert row is not None
+    return {"0": "off", "1": "normal", "2": "full", "3": "extra"}.get(str(row[0]), str(row[0]))
+
+
+def test_only_leases_skip_the_flush(db: homing.Database, backend: str) -> None:
+    durable = "on" if backend == "postgres" else "full"
+    lease = "off" if backend == "postgres" else "normal"
+    for _ in range(3):  # alternating, on the connections the pools hand out again
+        assert _sync_setting(db, durable=False) == lease
+        assert _sync_setting(db, durable=True) == durable
+        with db.store.transaction() as tx:
+            if backend == "postgres":
+                row = tx.query_one("SELECT current_setting('synchronous_commit')")
+            else:
+                row = tx.query_one("PRAGMA synchronous")
+        assert str(row[0]) in ("on", "2")  # type: ignore[index]
+
+
+def test_a_failed_lease_statement_leaves_the_connection_durable(
+    db: homing.Database, backend: str
+) -> None:
+    with pytest.raises(RuntimeError):
+        with db.store.statement(durable=False):
+            raise RuntimeError("the grab failed")
+    durable = "on" if backend == "postgres" else "full"
+    assert _sync_setting(db, durable=True) == durable
+
+
+def test_grab_and_complete_keep_exactly_once(db: homing.Database) -> None:
+    handles = db.insert_many([("job", {"i": i}) for i in range(20)])
+    jobs = db.grab_many("job", lock_for=30, limit=20)
+    assert sorted(j.id for j in jobs) == sorted(handles)
+    db.complete_many(jobs)
+    assert {db.details(h).state for h in handles} == {"done"}
+
+
+def test_a_store_opened_not_durable_stays_so(stores: object, backend: str) -> None:
+    db = homing.connect(stores.url("soft"), durable=False)  # type: ignore[attr-defined]
+    try:
+        expected = "off" if backend == "postgres" else "off"
+        assert _sync_setting(db, durable=True) == expected  # type: ignore[arg-type]
+        assert _sync_setting(db, durable=False) == expected  # type: ignore[arg-type]
+    finally:
+        db.close()
