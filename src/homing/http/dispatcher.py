@@ -266,8 +266,10 @@ class Dispatcher:
                     q.release_claims(tx, token)
 
     def _claim(self, token: str, limit: int) -> list[q.OutboxRow]:
+        """A claim is a lease: it need not wait for the disk (``Store.statement``); forgotten
+        in a power loss, the rows are claimed again and the receiver drops the repeat."""
         now = self.db.clock.now()
-        with self.db.store.transaction() as tx:
+        with self.db.store.statement(durable=False) as tx:
             return q.claim_work(
                 tx, now=now, until=now + self.claim_lease, token=token, limit=min(limit, 64)
             )
