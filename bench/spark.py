@@ -15,10 +15,12 @@ Results: bench/results/spark.json. The machine is shared and noisy: compare with
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import platform
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -96,11 +98,34 @@ def jdbc_url(schema: str) -> str:
     return f"jdbc:postgresql://127.0.0.1:5432/test?user=postgres&currentSchema={schema}&stringtype=unspecified"
 
 
-def bench_read(spark: Any, rows: int, tmp: Path) -> dict[str, Any]:
+def rates(rows: int, runs: list[float]) -> dict[str, Any]:
+    """The median of interleaved runs, and every run."""
+    med = statistics.median(runs)
+    return {
+        "seconds": round(med, 3),
+        "rows_per_s": round(rows / med, 1),
+        "runs_rows_per_s": [round(rows / t, 1) for t in runs],
+    }
+
+
+def ratio(out: dict[str, Any], ours: str, theirs: str) -> None:
+    """Per-pair ratios (homing / Spark's own, the same repetition) and their median."""
+    if not isinstance(out.get(theirs), dict):
+        return
+    pairs = [
+        a / b
+        for a, b in zip(out[ours]["runs_rows_per_s"], out[theirs]["runs_rows_per_s"], strict=True)
+    ]
+    out["ratio_median"] = round(statistics.median(pairs), 3)
+    out["ratios"] = [round(r, 3) for r in pairs]
+
+
+def bench_read(spark: Any, rows: int, tmp: Path, reps: int) -> dict[str, Any]:
+    """The homing source, Spark's JDBC reader and Parquet, each once per repetition, in turn."""
     url, schema = fresh_schema("bench_read")
     try:
         fill(url, rows)
-        out: dict[str, Any] = {"rows": rows}
+        out: dict[str, Any] = {"rows": rows, "reps": reps}
         homing_df = (
             spark.read.format("homing")
             .option("url", url)
@@ -109,9 +134,7 @@ def bench_read(spark: Any, rows: int, tmp: Path) -> dict[str, Any]:
             .load()
         )
         homing_df.write.format("noop").mode("overwrite").save()  # warm-up (first Python query)
-        out["homing_source"] = rate(
-            rows, timed(lambda: homing_df.write.format("noop").mode("overwrite").save())
-        )
+        jdbc_df = None
         if Path(JAR).exists():
             jdbc_df = (
                 spark.read.format("jdbc")
@@ -124,92 +147,115 @@ def bench_read(spark: Any, rows: int, tmp: Path) -> dict[str, Any]:
                 .option("driver", "org.postgresql.Driver")
                 .load()
             )
-            out["jdbc_reader"] = rate(
-                rows, timed(lambda: jdbc_df.write.format("noop").mode("overwrite").save())
-            )
-        else:
-            out["jdbc_reader"] = (
-                f"skipped: no JDBC driver at {JAR} (apt-get install libpostgresql-jdbc-java)"
-            )
+            jdbc_df.write.format("noop").mode("overwrite").save()  # warm-up (JVM, driver)
         parquet = tmp / "read.parquet"
         homing_df.write.mode("overwrite").parquet(str(parquet))
         pq_df = spark.read.parquet(str(parquet))
-        out["parquet_reader"] = rate(
-            rows, timed(lambda: pq_df.write.format("noop").mode("overwrite").save())
-        )
+        runs: dict[str, list[float]] = {
+            "homing_source": [],
+            "jdbc_reader": [],
+            "parquet_reader": [],
+        }
+        for _ in range(reps):
+            runs["homing_source"].append(
+                timed(lambda: homing_df.write.format("noop").mode("overwrite").save())
+            )
+            if jdbc_df is not None:
+                runs["jdbc_reader"].append(
+                    timed(lambda: jdbc_df.write.format("noop").mode("overwrite").save())
+                )
+            runs["parquet_reader"].append(
+                timed(lambda: pq_df.write.format("noop").mode("overwrite").save())
+            )
+        for name, times in runs.items():
+            out[name] = (
+                rates(rows, times)
+                if times
+                else (f"skipped: no JDBC driver at {JAR} (apt-get install libpostgresql-jdbc-java)")
+            )
+        ratio(out, "homing_source", "jdbc_reader")
         return out
     finally:
         drop_schema(schema)
 
 
-def bench_write(spark: Any, rows: int, tmp: Path) -> dict[str, Any]:
-    from pyspark.sql import functions as F
-
+def _write_homing(src: Any) -> float:
     url, schema = fresh_schema("bench_write")
-    url2, schema2 = fresh_schema("bench_jdbcw")
     try:
         homing.connect(url).close()
-        homing.connect(url2).close()  # an identical homing_jobs table for the JDBC writer
-        src = (
-            spark.range(0, rows, numPartitions=4)
-            .select(
-                F.col("id").alias("n"),
-                F.lit("bench").alias("type"),
-                F.to_json(F.struct(F.col("id").alias("n"), F.lit("x" * 40).alias("pad"))).alias(
-                    "args"
-                ),
+        return timed(
+            lambda: (
+                src.write.format("homing")
+                .mode("append")
+                .option("url", url)
+                .option("keyColumns", "n")
+                .save()
             )
-            .cache()
         )
-        src.count()
-        out: dict[str, Any] = {"rows": rows}
-        out["homing_sink"] = rate(
-            rows,
-            timed(
-                lambda: (
-                    src.write.format("homing")
-                    .mode("append")
-                    .option("url", url)
-                    .option("keyColumns", "n")
-                    .save()
-                )
-            ),
-        )
-        if Path(JAR).exists():
-            now = time.time()
-            jdbc_src = src.select(
-                F.expr("uuid()").alias("id"),
-                "type",
-                "args",
-                F.lit("ready").alias("state"),
-                F.lit(now).alias("run_at"),
-                F.lit(now).alias("available_at"),
-                F.lit(now).alias("created_at"),
-            )
-            out["jdbc_writer"] = rate(
-                rows,
-                timed(
-                    lambda: (
-                        jdbc_src.write.format("jdbc")
-                        .option("url", jdbc_url(schema2))
-                        .option("dbtable", "homing_jobs")
-                        .option("driver", "org.postgresql.Driver")
-                        .option("batchsize", "10000")
-                        .mode("append")
-                        .save()
-                    )
-                ),
-            )
-        else:
-            out["jdbc_writer"] = f"skipped: no JDBC driver at {JAR}"
-        out["parquet_writer"] = rate(
-            rows, timed(lambda: src.write.mode("overwrite").parquet(str(tmp / "write.parquet")))
-        )
-        src.unpersist()
-        return out
     finally:
         drop_schema(schema)
-        drop_schema(schema2)
+
+
+def _write_jdbc(src: Any) -> float:
+    from pyspark.sql import functions as F
+
+    url, schema = fresh_schema("bench_jdbcw")
+    try:
+        homing.connect(url).close()  # an identical homing_jobs table for the JDBC writer
+        now = time.time()
+        jdbc_src = src.select(
+            F.expr("uuid()").alias("id"),
+            "type",
+            "args",
+            F.lit("ready").alias("state"),
+            F.lit(now).alias("run_at"),
+            F.lit(now).alias("available_at"),
+            F.lit(now).alias("created_at"),
+        )
+        return timed(
+            lambda: (
+                jdbc_src.write.format("jdbc")
+                .option("url", jdbc_url(schema))
+                .option("dbtable", "homing_jobs")
+                .option("driver", "org.postgresql.Driver")
+                .option("batchsize", "10000")
+                .mode("append")
+                .save()
+            )
+        )
+    finally:
+        drop_schema(schema)
+
+
+def bench_write(spark: Any, rows: int, tmp: Path, reps: int) -> dict[str, Any]:
+    """The homing sink and Spark's JDBC writer, each into a fresh, identical homing_jobs
+    table once per repetition, in turn; Parquet for scale."""
+    from pyspark.sql import functions as F
+
+    src = (
+        spark.range(0, rows, numPartitions=4)
+        .select(
+            F.col("id").alias("n"),
+            F.lit("bench").alias("type"),
+            F.to_json(F.struct(F.col("id").alias("n"), F.lit("x" * 40).alias("pad"))).alias("args"),
+        )
+        .cache()
+    )
+    src.count()
+    out: dict[str, Any] = {"rows": rows, "reps": reps}
+    runs: dict[str, list[float]] = {"homing_sink": [], "jdbc_writer": [], "parquet_writer": []}
+    for _ in range(reps):
+        runs["homing_sink"].append(_write_homing(src))
+        if Path(JAR).exists():
+            runs["jdbc_writer"].append(_write_jdbc(src))
+        runs["parquet_writer"].append(
+            timed(lambda: src.write.mode("overwrite").parquet(str(tmp / "write.parquet")))
+        )
+    for name, times in runs.items():
+        out[name] = rates(rows, times) if times else f"skipped: no JDBC driver at {JAR}"
+    ratio(out, "homing_sink", "jdbc_writer")
+    src.unpersist()
+    return out
 
 
 def bench_fanout(spark: Any, children: int, url: str) -> dict[str, Any]:
@@ -244,7 +290,8 @@ def bench_fanout(spark: Any, children: int, url: str) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", type=int, default=300_000)
-    parser.add_argument("--fanout", type=int, default=1_000_000)
+    parser.add_argument("--fanout", type=int, default=1_000_000, help="0: skip the fan-out")
+    parser.add_argument("--reps", type=int, default=3, help="interleaved read/write repetitions")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "spark.json")
     a = parser.parse_args()
     if not shutil.which("java") and not os.environ.get("JAVA_HOME"):
@@ -258,11 +305,17 @@ def main() -> None:
             "note": "shared, noisy",
         },
         "spark": spark.version,
-        "read": bench_read(spark, a.rows, tmp),
-        "write": bench_write(spark, a.rows, tmp),
+        "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "load_at_start": os.getloadavg(),
+        "read": bench_read(spark, a.rows, tmp, a.reps),
+        "write": bench_write(spark, a.rows, tmp, a.reps),
     }
     print(json.dumps(results, indent=2), flush=True)
     fan: dict[str, Any] = {}
+    if a.fanout <= 0:
+        spark.stop()
+        a.out.write_text(json.dumps(results, indent=2) + "\n")
+        return
     fan["sqlite"] = bench_fanout(spark, a.fanout, f"sqlite:///{tmp / 'fanout.db'}?durable=false")
     print(json.dumps(fan, indent=2), flush=True)
     url, schema = fresh_schema("bench_fanout")
