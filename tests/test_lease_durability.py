@@ -60,3 +60,10 @@ def test_a_store_opened_not_durable_stays_so(stores: object, backend: str) -> No
         assert _sync_setting(db, durable=False) == expected  # type: ignore[arg-type]
     finally:
         db.close()
+
+
+def test_a_lease_after_close_is_refused(stores: object) -> None:
+    db = homing.connect(stores.url("closed"))  # type: ignore[attr-defined]
+    db.close()
+    with pytest.raises(homing.StoreUnavailable):
+        db.grab("job", lock_for=5)

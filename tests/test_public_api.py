@@ -90,3 +90,19 @@ def test_uuid7_in_a_forked_child_never_repeats_the_parents_random_bits() -> None
     os.close(read)
     parent = homing.uuid7()
     assert child[19:] != parent[19:]  # the 62 random bits (with the variant)
+
+
+def test_uuid7_in_a_child_forked_while_the_lock_was_held_does_not_hang() -> None:
+    import os
+    import signal
+
+    from homing import ids
+
+    with ids._lock:  # another thread of the parent could hold it at the fork
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            signal.alarm(5)  # hung: SIGALRM ends the child with a non-zero status
+            homing.uuid7()
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -17,12 +17,15 @@ _pool = b""
 _pool_at = 0
 
 
-def _forget_pool() -> None:
-    global _pool, _pool_at
+def _after_fork_in_child() -> None:
+    """The child draws its own random bytes, and gets a fresh lock: a thread of the parent
+    may have held it at the fork, and that thread does not exist in the child."""
+    global _pool, _pool_at, _lock
     _pool, _pool_at = b"", 0
+    _lock = threading.Lock()
 
 
-os.register_at_fork(after_in_child=_forget_pool)
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _random(n: int) -> int:

@@ -294,6 +294,8 @@ class PostgresStore:
         pool = self._leases
         if pool is None:
             with self._schema_lock:
+                if self.pool.closed:
+                    raise StoreUnavailable(f"store {_redact(self.conninfo)} was closed")
                 if self._leases is None:
                     kwargs = dict(self._pool_kwargs)
                     kwargs["options"] = " ".join(
