@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import os
 import sqlite3
 import threading
@@ -37,60 +36,6 @@ def parse_sqlite_url(url: str) -> tuple[Path, dict[str, str]]:
     return Path(path), options
 
 
-class WriterLock:
-    """Queues the writers of several processes on the file before SQLite does.
-
-    SQLite makes a writer that finds the file locked sleep in its busy handler, 1, 2, 5,
-    10 ... 100 ms a try, while a write transaction takes well under a millisecond: with
-    a few processes writing (a producer, workers, a dispatcher) they spend more time
-    asleep than writing. This lock on a file beside the database is tried every 0.1 ms at
-    first and 1 ms at most. It only orders homing's writers; SQLite's own locks still keep
-    every writer (sqlite3 shell, other programs) correct. Per process (a forked child
-    opens its own: a flock shared with the parent would not exclude it), released by
-    the kernel when a process dies."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._fd: int | None = None
-        self._pid = 0
-
-    def _file(self) -> int:
-        if self._fd is None or self._pid != os.getpid():
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            self._pid = os.getpid()
-        return self._fd
-
-    def acquire(self) -> None:
-        try:
-            fd = self._file()
-        except OSError:
-            self._fd = None  # a read-only directory: SQLite's own locking alone
-            return
-        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
-        pause = 0.0001
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise StoreUnavailable(
-                        f"no write turn on {self.path} within {BUSY_TIMEOUT_MS / 1000:g}s: "
-                        "another process holds a write transaction open"
-                    ) from None
-                time.sleep(pause)
-                pause = min(pause * 1.5, 0.001)
-
-    def release(self) -> None:
-        if self._fd is not None and self._pid == os.getpid():
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-
-    def close(self) -> None:
-        if self._fd is not None and self._pid == os.getpid():
-            os.close(self._fd)
-        self._fd = None
-
-
 class SQLiteStore:
     """A store in one SQLite file, shared safely by threads (a connection each) and processes."""
 
@@ -113,7 +58,6 @@ class SQLiteStore:
         self._all_lock = threading.Lock()
         self._closed = False
         self._write_lock = threading.Lock()
-        self._writers = WriterLock(Path(f"{self.path}-homing.lock"))
         parent = self.path.parent
         if str(parent) and not parent.exists():
             raise ConfigurationError(
@@ -190,12 +134,6 @@ class SQLiteStore:
                 f"no write transaction on {self.path} within {BUSY_TIMEOUT_MS / 1000:g}s: another "
                 "thread of this process holds one (a transaction left open, or a deadlock)"
             )
-        if write:
-            try:
-                self._writers.acquire()
-            except BaseException:
-                self._write_lock.release()
-                raise
         try:
             try:
                 conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
@@ -214,7 +152,6 @@ class SQLiteStore:
             self._commit(conn)
         finally:
             if write:
-                self._writers.release()
                 self._write_lock.release()
         tx.run_after_commit()
 
@@ -278,7 +215,6 @@ class SQLiteStore:
 
     def close(self) -> None:
         self._closed = True
-        self._writers.close()
         with self._all_lock:
             conns, self._all = self._all, []
         for conn in conns:
