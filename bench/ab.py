@@ -31,6 +31,7 @@ CELLS: dict[str, dict[str, Any]] = {
     "cycle-1-api-pg": {"system": "homing-pg", "workload": "cycle", "batch": 1},
     "cycle-100-api-pg": {"system": "homing-pg", "workload": "cycle", "batch": 100},
     "cycle-1-sqlite": {"system": "homing-sqlite", "workload": "cycle", "batch": 1},
+    "cycle-1-worker-sqlite": {"system": "homing-worker-sqlite", "workload": "cycle", "batch": 1},
     "cycle-100-sqlite": {"system": "homing-sqlite", "workload": "cycle", "batch": 100},
     "drain-1-worker-pg": {"system": "homing-worker-pg", "workload": "drain", "consumers": 1},
     "drain-4-worker-pg": {"system": "homing-worker-pg", "workload": "drain", "consumers": 4},
