@@ -62,6 +62,8 @@ def fetch_jobs(w: Worker) -> None:
         free = free_slots(w)
         if not free:
             break
+        with w._slots:  # until_idle: only a grab begun with nothing held can prove idleness
+            settled = w._inflight == 0
         try:
             jobs = w.db.grab_many(
                 w.types,
@@ -87,7 +89,7 @@ def fetch_jobs(w: Worker) -> None:
             # Fewer than asked: nothing else was ready, and the same statement registered
             # this worker as idle (it has room), so the next insert wakes it: wait for that
             # instead of an empty grab.
-        elif w.until_idle and stop_if_idle(w):
+        elif w.until_idle and settled and stop_if_idle(w):
             break
         if wakeup.wait(w.idle_wait) and w.gather > 0:
             # woken by an insert: let the jobs of the next moments gather, so that one grab
@@ -108,7 +110,9 @@ def hand_out(w: Worker, contexts: list[JobContext]) -> None:
 
 
 def stop_if_idle(w: Worker) -> bool:
-    """``until_idle``: stop once a grab found nothing and nothing is held."""
+    """``until_idle``: stop once a grab found nothing and nothing is held. The grab must
+    have begun with nothing held: one made while a job's outcome was still being written
+    cannot see that job ready again (a retry), so it proves nothing."""
     with w._slots:
         idle = w._inflight == 0
     if idle:
