@@ -352,9 +352,7 @@ class PostgresStore:
         autovacuum: the indexes of ready, running and staged jobs then keep an entry for
         every job that passed through until someone runs VACUUM, and every grab walks them,
         slower and slower as jobs pass through. True if it is off."""
-        with self.transaction(write=False) as tx:
-            row = tx.query_one("SELECT current_setting('autovacuum')")
-        off = row is not None and str(row[0]).lower() in ("off", "false", "0")
+        off = self._autovacuum_off()
         if off:
             _log.warning(
                 "autovacuum is off on this PostgreSQL server: homing's job indexes keep the "
@@ -365,15 +363,21 @@ class PostgresStore:
             )
         return off
 
-    def vacuum_if_due(self, every: float) -> list[str]:
-        """VACUUM (ANALYZE) homing's tables, when autovacuum is off, that hold at least
-        ``VACUUM_MIN_DEAD`` dead rows and had no VACUUM in ``every`` seconds (the server's
-        own statistics say both, so the workers of a deployment share the schedule). An
-        advisory lock per table lets one process at a time do it; the others skip."""
+    def _autovacuum_off(self) -> bool:
         with self.transaction(write=False) as tx:
             row = tx.query_one("SELECT current_setting('autovacuum')")
-            if row is None or str(row[0]).lower() not in ("off", "false", "0"):
-                return []
+        return row is not None and str(row[0]).lower() in ("off", "false", "0")
+
+    def vacuum_if_due(self, every: float) -> list[str]:
+        """``vacuum_tables(every)`` when the server has autovacuum off, else nothing."""
+        return self.vacuum_tables(every) if self._autovacuum_off() else []
+
+    def vacuum_tables(self, every: float) -> list[str]:
+        """VACUUM (ANALYZE) homing's tables that hold at least ``VACUUM_MIN_DEAD`` dead rows
+        and had no VACUUM in ``every`` seconds (the server's own statistics say both, so
+        the workers of a deployment share the schedule). An advisory lock per table lets
+        one process at a time do it; the others skip. Returns the tables vacuumed."""
+        with self.transaction(write=False) as tx:
             due = tx.query(_DUE_FOR_VACUUM, (VACUUM_MIN_DEAD, every))
         done: list[str] = []
         for schema, table, relid in due:
