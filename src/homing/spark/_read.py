@@ -288,6 +288,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def initialOffset(self) -> dict[str, int]:
         store = store_for(self.url)
         store.migrate()
+        store.ensure_stream_index()
         with store.transaction(write=False) as tx:
             cursor = sq.get_cursor(tx, self.consumer, self.queue)
         if cursor is not None:
@@ -301,6 +302,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _latest(self, start: dict[str, int], limit: int | None) -> dict[str, int]:
         store = store_for(self.url)
+        store.ensure_stream_index()  # a no-op once done; here for a query that outlived it
         with store.transaction(write=False) as tx:
             plain, n = sq.plain_end(tx, self.queue, (start["xid"], start["seq"]), limit)
             rest = None if limit is None else limit - n

@@ -228,6 +228,7 @@ class PostgresStore:
         self._schema_ready = not self.schema
         self._schema_lock = threading.Lock()
         self._replanner = _Replanner()
+        self._stream_index = False  # ensure_stream_index ran in this process
         if lazy:
             self.pool.open(wait=False)
             return
@@ -347,6 +348,35 @@ class PostgresStore:
 
         return apply_migrations(self)
 
+    def ensure_stream_index(self) -> None:
+        """Builds the index CONCURRENTLY (inserts go on meanwhile), one process at a time
+        (an advisory lock); a build that failed half-way leaves an invalid index, which is
+        dropped and built again."""
+        if self._stream_index:
+            return
+        if self._slot.get() is not None:
+            raise ConfigurationError(
+                "ensure_stream_index() inside a transaction: building the index waits for "
+                "every open transaction, this one included"
+            )
+        from homing.store.migrations.spark import STREAM_INDEX_NAME, STREAM_INDEX_POSTGRES
+
+        build = STREAM_INDEX_POSTGRES.replace(
+            "CREATE INDEX", "CREATE INDEX CONCURRENTLY IF NOT EXISTS"
+        )
+        with self._connection() as conn:  # autocommit: CONCURRENTLY is outside a transaction
+            if _index_state(conn, STREAM_INDEX_NAME) != "valid":
+                conn.execute(_LOCK, (_STREAM_INDEX_LOCK, 0))
+                try:
+                    if _index_state(conn, STREAM_INDEX_NAME) == "invalid":
+                        conn.execute(f"DROP INDEX CONCURRENTLY {STREAM_INDEX_NAME}")
+                    if _index_state(conn, STREAM_INDEX_NAME) != "valid":
+                        _log.info("building %s (the first stream over this store)", STREAM_INDEX_NAME)
+                        conn.execute(build)
+                finally:
+                    conn.execute(_UNLOCK, (_STREAM_INDEX_LOCK, 0))
+        self._stream_index = True
+
     def warn_if_never_vacuumed(self) -> bool:
         """Log a warning (a worker does at start) when the server runs without
         autovacuum: the indexes of ready, running and staged jobs then keep an entry for
@@ -438,8 +468,21 @@ _DUE_FOR_VACUUM = (
     "AND n_dead_tup >= ? AND coalesce(greatest(last_vacuum, last_autovacuum), "
     "'-infinity') < now() - make_interval(secs => ?) ORDER BY n_dead_tup DESC"
 )
+_STREAM_INDEX_LOCK = 0x686F6E  # "hon": one builder of the stream index at a time
+_LOCK = "SELECT pg_advisory_lock(%s::int, %s::int)"
 _TRY_LOCK = "SELECT pg_try_advisory_lock(%s::int, %s::int)"
 _UNLOCK = "SELECT pg_advisory_unlock(%s::int, %s::int)"
+
+
+def _index_state(conn: Any, name: str) -> str:
+    """"valid", "invalid" (a CONCURRENTLY build that failed or is under way) or "missing"
+    for an index of the schema in use."""
+    row = conn.execute(
+        "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)", (name,)
+    ).fetchone()
+    if row is None:
+        return "missing"
+    return "valid" if row[0] else "invalid"
 
 
 def _connection_lost(exc: BaseException) -> bool:

@@ -167,6 +167,12 @@ class Store(Protocol):
         """Apply pending schema migrations; return the names applied."""
         ...
 
+    def ensure_stream_index(self) -> None:
+        """Build the index a Spark stream reads a job type's rows through, if it is not
+        there (the first stream over a store does; every job written after pays for it,
+        so a store no stream reads does without). Cheap once done in this process."""
+        ...
+
     def warn_if_never_vacuumed(self) -> bool:
         """Log a warning when dead index entries of finished jobs are never cleaned up
         (PostgreSQL with autovacuum off); True then. A worker asks at start."""

@@ -58,6 +58,7 @@ class SQLiteStore:
         self._all_lock = threading.Lock()
         self._closed = False
         self._write_lock = threading.Lock()
+        self._stream_index = False  # ensure_stream_index ran in this process
         parent = self.path.parent
         if str(parent) and not parent.exists():
             raise ConfigurationError(
@@ -191,6 +192,15 @@ class SQLiteStore:
         from homing.store.migrations import apply_migrations
 
         return apply_migrations(self)
+
+    def ensure_stream_index(self) -> None:
+        if self._stream_index:
+            return
+        from homing.store.migrations.spark import STREAM_INDEX_SQLITE
+
+        with self.transaction() as tx:  # one writer: the build holds others back briefly
+            tx.execute(STREAM_INDEX_SQLITE.replace("CREATE INDEX", "CREATE INDEX IF NOT EXISTS"))
+        self._stream_index = True
 
     def warn_if_never_vacuumed(self) -> bool:
         return False  # SQLite reuses freed pages itself; its indexes hold no dead entries
