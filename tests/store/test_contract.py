@@ -124,6 +124,82 @@ def test_a_failed_statement_inside_a_savepoint_leaves_the_transaction_usable(
     assert rows(store) == {"a": 1, "b": 2}
 
 
+class _Counting:
+    """Wraps a DB-API connection; counts the SAVEPOINT / RELEASE / ROLLBACK TO it runs."""
+
+    def __init__(self, conn: Any, seen: list[str]) -> None:
+        self._conn, self._seen = conn, seen
+
+    def cursor(self) -> Any:
+        cur, seen = self._conn.cursor(), self._seen
+
+        class _Cursor:
+            def execute(self, sql: str, params: Any = ()) -> Any:
+                word = sql.split()[0].upper()
+                if word in ("SAVEPOINT", "RELEASE", "ROLLBACK"):
+                    seen.append(" ".join(sql.split()[:2]).upper())
+                return cur.execute(sql, params)
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(cur, name)
+
+        return _Cursor()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
+def test_a_savepoint_costs_nothing_until_a_statement_runs_in_it(store: Store) -> None:
+    """The receiver runs every message's handler in a savepoint: one that runs no
+    statement sets none; one that ends well is left to the commit to release."""
+    seen: list[str] = []
+    with store.transaction() as tx:
+        tx._connection = _Counting(tx._connection, seen)
+        with tx.savepoint():
+            pass
+        with pytest.raises(ValueError), tx.savepoint():
+            raise ValueError("nothing ran: nothing to undo")
+        assert seen == []
+        with tx.savepoint():
+            put(tx, "a", 1)
+        assert seen == ["SAVEPOINT HOMING_SP_3"]  # not released: the commit does
+        with tx.savepoint():
+            with tx.savepoint():  # nested, ended well: released, its outer block may fail
+                put(tx, "b", 2)
+        assert seen[1:] == ["SAVEPOINT HOMING_SP_4", "SAVEPOINT HOMING_SP_5", "RELEASE SAVEPOINT"]
+        with pytest.raises(KeyError), tx.savepoint():
+            put(tx, "c", 3)
+            raise KeyError("undone")
+        assert seen[4:] == ["SAVEPOINT HOMING_SP_6", "ROLLBACK TO", "RELEASE SAVEPOINT"]
+        with pytest.raises(KeyError), tx.savepoint():
+            tx.connection  # a caller's own statements go through it: the savepoint is set
+            raise KeyError("undone")
+        assert seen[7:] == ["SAVEPOINT HOMING_SP_7", "ROLLBACK TO", "RELEASE SAVEPOINT"]
+    assert rows(store) == {"a": 1, "b": 2}
+
+
+def test_many_savepoints_in_one_transaction_are_released_in_groups(store: Store) -> None:
+    """Savepoints left set pile up in the server; every 32nd ends them all at once."""
+    seen: list[str] = []
+    with store.transaction() as tx:
+        tx._connection = _Counting(tx._connection, seen)
+        for i in range(100):
+            with tx.savepoint():
+                put(tx, f"k{i}", i)
+            if i % 10 == 3:  # a failing one among them undoes only itself
+                with pytest.raises(ValueError), tx.savepoint():
+                    put(tx, f"x{i}", i)
+                    raise ValueError
+        outer_fail = pytest.raises(RuntimeError)
+        with outer_fail, tx.savepoint():  # a kept one inside a failing block: undone too
+            put(tx, "outer", 1)
+            with tx.savepoint():
+                put(tx, "inner", 2)
+            raise RuntimeError
+    assert rows(store) == {f"k{i}": i for i in range(100)}
+    assert seen.count("RELEASE SAVEPOINT") == 3 + 10 + 2  # groups, failed ones, inner+outer
+
+
 def test_placeholders_and_percent_signs_travel_safely(store: Store) -> None:
     hostile = "50% off'; DROP TABLE contract_t; --"
     with store.transaction() as tx:

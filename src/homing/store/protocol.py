@@ -62,6 +62,9 @@ def to_pyformat(sql: str) -> str:
     return sql.replace("%", "%%").replace("?", "%s")
 
 
+_KEEP_AT_MOST = 32  # savepoints left set at the top of a transaction (see Tx.savepoint)
+
+
 class Tx:
     """One open database transaction.
 
@@ -71,12 +74,27 @@ class Tx:
     """
 
     def __init__(self, connection: Any, sql: SqlDialect, store: Store) -> None:
-        self.connection = connection
+        self._connection = connection
         self.sql = sql  # the statements that differ between backends
         self.dialect: Dialect = sql.name
         self.store = store
         self._after_commit: list[Any] = []
         self._savepoints = itertools.count(1)
+        self._pending: list[str] = []  # savepoints entered, not yet set: no statement ran
+        self._active = 0  # savepoint blocks open now
+        self._kept = 0  # savepoints ended well and not released (see savepoint)
+        self._first_kept = ""
+
+    @property
+    def connection(self) -> Any:
+        """The DB-API connection. Taking it sets the savepoints still pending, so that a
+        caller's own statements are undone with the block's if it fails."""
+        if self._pending:
+            cur = self._connection.cursor()
+            for name in self._pending:
+                cur.execute(f"SAVEPOINT {name}")
+            self._pending.clear()
+        return self._connection
 
     def _sql(self, sql: str) -> str:
         return to_pyformat(sql) if self.sql.pyformat else sql
@@ -115,18 +133,41 @@ class Tx:
         One rule for ``call_after_commit``: a callback registered inside a savepoint that is
         rolled back is dropped with the statements it belonged to; one registered inside a
         savepoint that is released runs when the whole transaction commits. Savepoints nest.
+
+        Each SAVEPOINT and RELEASE is a round trip on PostgreSQL, and a receiver runs a
+        block per message: so the SAVEPOINT is set only before the block's first statement
+        (a block that runs none has nothing to undo), and an outermost block that ended
+        well is not released (the commit releases it; ``_KEEP_AT_MOST`` of them, then one
+        RELEASE ends them all, which keeps the server's stack of subtransactions short).
         """
         name = f"homing_sp_{next(self._savepoints)}"
         mark = len(self._after_commit)
-        self.execute(f"SAVEPOINT {name}")
+        self._pending.append(name)
+        self._active += 1
         try:
             yield
         except BaseException:
-            self.execute(f"ROLLBACK TO SAVEPOINT {name}")
-            self.execute(f"RELEASE SAVEPOINT {name}")
+            self._active -= 1
+            if self._pending and self._pending[-1] == name:
+                self._pending.pop()  # no statement ran in the block: nothing to undo
+            else:
+                cur = self._connection.cursor()
+                cur.execute(f"ROLLBACK TO SAVEPOINT {name}")
+                cur.execute(f"RELEASE SAVEPOINT {name}")
             del self._after_commit[mark:]
             raise
-        self.execute(f"RELEASE SAVEPOINT {name}")
+        self._active -= 1
+        if self._pending and self._pending[-1] == name:
+            self._pending.pop()
+        elif self._active:  # inside another block: release it, as that one may roll back
+            self._connection.cursor().execute(f"RELEASE SAVEPOINT {name}")
+        else:
+            self._kept += 1
+            if self._kept >= _KEEP_AT_MOST:  # releases the kept ones after it too
+                self._connection.cursor().execute(f"RELEASE SAVEPOINT {self._first_kept}")
+                self._kept = 0
+            elif self._kept == 1:
+                self._first_kept = name
 
     def run_after_commit(self) -> None:
         """Called by the store once the transaction committed."""
