@@ -676,3 +676,23 @@ def test_one_slow_handler_shrinks_the_prefetch_at_once() -> None:
     for _ in range(5):
         back = handler_average(back, 0.0001)
     assert back > 0.1  # and grows back only slowly
+
+
+def test_until_idle_stops_as_soon_as_the_last_outcome_is_written(sdb: homing.Database) -> None:
+    """A grab made while a job's outcome was still being written proves nothing, so the
+    worker looks again; it must not first sleep out its idle wait (PostgreSQL: up to
+    ``idle_wait``; the first step is a tenth of it) when the completer can tell it at once."""
+    app = App(sdb)
+    ran: list[int] = []
+
+    @app.job("slowish")
+    def slowish(job: Any, ctx: JobContext) -> None:
+        time.sleep(0.2)  # the fetcher's next grab comes while this job is held
+        ran.append(job.args["i"])
+
+    sdb.insert("slowish", {"i": 1})
+    began = time.monotonic()
+    drain(app, sdb, idle_wait=60.0, max_poll=6.0, min_poll=6.0)
+    took = time.monotonic() - began
+    assert ran == [1]
+    assert took < 3.0, f"stopped {took:.1f} s after start: it slept out its idle wait"

@@ -404,6 +404,9 @@ class Worker:
             self._held.pop(ctx.job.id, None)
             self._inflight -= 1
             self._slots.notify_all()
+            settled = self.until_idle and self._inflight == 0
+        if settled:  # the fetcher's last grab proved nothing: let it look again now
+            self.wakeup.interrupt()
         duration = time.monotonic() - ctx.started if ctx.started else 0.0
         log_job(ctx, outcome, duration, **extra)
         for observe in self.observers:
