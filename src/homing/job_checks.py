@@ -14,13 +14,20 @@ _MAX_TYPE_LEN = 200
 _MAX_MESSAGE_LEN = 10_000
 
 
+_CHECKED_TYPES: set[str] = set()  # names that passed: a few per application; bounded below
+
+
 def check_type(name: Any) -> str:
+    if type(name) is str and name in _CHECKED_TYPES:
+        return name
     if not isinstance(name, str) or not name.strip():
         raise InvalidArgument(f"job type must be a non-empty string, got {name!r}")
     if len(name) > _MAX_TYPE_LEN or any(ord(c) < 32 for c in name):
         raise InvalidArgument(
             f"job type {name[:50]!r} must be at most {_MAX_TYPE_LEN} printable characters"
         )
+    if len(_CHECKED_TYPES) < 1024:
+        _CHECKED_TYPES.add(name)
     return name
 
 

@@ -118,6 +118,8 @@ class JobOps:
 
     def id_of(self, handle: Any) -> str:
         if isinstance(handle, Job):
+            if handle.handle is handle.id and self.shard is None:
+                return handle.id  # as grab made it (a handle is the id itself when unsharded)
             handle = handle.handle
         if not isinstance(handle, str) or not handle:
             raise InvalidArgument(f"a job handle is a non-empty string, got {handle!r}")
@@ -136,7 +138,7 @@ class JobOps:
 
     def _lease_of(self, job: Any, lease_token: str | None) -> tuple[str, str]:
         if isinstance(job, Job):
-            return self.id_of(job.handle), job.lease_token
+            return self.id_of(job), job.lease_token
         if lease_token is None:
             raise InvalidArgument("pass the Job returned by grab(), or a handle with lease_token=")
         if not isinstance(lease_token, str):
@@ -147,7 +149,22 @@ class JobOps:
     def new_jobs(self, items: Iterable[Any], parent_id: str | None = None) -> list[q.NewJob]:
         now = self.store.clock.now()
         out = []
+        limit = self.max_args_bytes
         for item in items:
+            if type(item) is tuple and len(item) == 2:  # (type, args): nothing else to check
+                out.append(
+                    q.NewJob(
+                        ids.uuid7(),
+                        check_type(item[0]),
+                        encode_args(item[1], limit),
+                        0,
+                        now,
+                        None,
+                        parent_id,
+                        now,
+                    )
+                )
+                continue
             spec = _spec(item)
             after = () if spec.after is None else check_after(self, spec.after)
             run_at = to_timestamp("run_at", spec.run_at, now)
@@ -298,7 +315,7 @@ class JobOps:
             by_token.setdefault(job.lease_token, []).append(job)
         now = self.store.clock.now()
         for token, group in by_token.items():
-            ids_ = list(dict.fromkeys(self.id_of(j.handle) for j in group))
+            ids_ = list(dict.fromkeys(self.id_of(j) for j in group))
             changed = sum(  # chunks: SQLite caps the number of bound variables
                 q.finish_many(tx, ids_[i : i + 500], token, now=now)
                 for i in range(0, len(ids_), 500)
@@ -313,7 +330,7 @@ class JobOps:
         for job in jobs:
             if not isinstance(job, Job):
                 raise InvalidArgument(f"complete_each takes Job objects from grab, got {job!r}")
-        pairs = [(self.id_of(j.handle), j.lease_token) for j in jobs]
+        pairs = [(self.id_of(j), j.lease_token) for j in jobs]
         done = q.finish_leased(tx, pairs, now=self.store.clock.now())
         refused: list[tuple[Job, HomingError]] = []
         for job, (job_id, _) in zip(jobs, pairs, strict=True):
