@@ -116,6 +116,24 @@ def test_insert_many_in_order_with_duplicates(jobs: JobAPI) -> None:
     assert all(jobs.details(h).state == "done" for h in handles)
 
 
+def test_insert_many_carries_quotes_backslashes_and_unicode_in_names_and_keys(
+    jobs: JobAPI,
+) -> None:
+    """A batch insert travels as one JSON document on PostgreSQL: every string in it must
+    arrive as it was sent."""
+    odd = 'q"uote\\back\u00e9\u4e2d'
+    handles = jobs.insert_many(
+        [(odd, {"k": odd}), homing.JobSpec(odd, 2, unique_key=odd), ("plain", [odd])]
+    )
+    assert len(set(handles)) == 3
+    got = jobs.grab_many(odd, lock_for=5, limit=10)
+    assert sorted(str(j.args) for j in got) == sorted([str({"k": odd}), "2"])
+    assert {j.type for j in got} == {odd}
+    assert jobs.insert_many([homing.JobSpec(odd, 3, unique_key=odd)]) == [handles[1]]
+    (plain,) = jobs.grab_many("plain", lock_for=5, limit=10)
+    assert plain.args == [odd]
+
+
 def test_grab_many_is_one_lease_and_respects_limit(jobs: JobAPI) -> None:
     jobs.insert_many([("t", i) for i in range(5)])
     batch = jobs.grab_many("t", lock_for=5, limit=3)
