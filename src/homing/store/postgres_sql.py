@@ -38,7 +38,7 @@ _WAKE_IDLE = (
 
 # A JSON string literal, by the json module's C encoder (json.dumps would take its whole
 # encoder machinery per call: four calls per job of a batch insert).
-_jstr = json.encoder.encode_basestring  # type: ignore[attr-defined]
+_jstr = json.encoder.encode_basestring
 
 
 def _jstr_or_null(value: str | None) -> str:
