@@ -241,8 +241,13 @@ class Transaction(_JobAPI):
     def __init__(self, tx: Tx, ops: JobOps) -> None:
         self.tx = tx
         self._ops = ops
-        self.connection = tx.connection
         self.dialect = tx.dialect
+
+    @property
+    def connection(self) -> Any:
+        """Read at each use, not kept: taking it sets a savepoint the caller is in (see
+        ``Tx.savepoint``), so that writes made through it are undone with the block."""
+        return self.tx.connection
 
     def _tx(self) -> AbstractContextManager[Tx]:
         return nullcontext(self.tx)
