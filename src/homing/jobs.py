@@ -151,40 +151,32 @@ class JobOps:
         out = []
         limit = self.max_args_bytes
         for item in items:
-            if type(item) is tuple and len(item) == 2:  # (type, args): nothing else to check
-                out.append(
-                    q.NewJob(
-                        ids.uuid7(),
-                        check_type(item[0]),
-                        encode_args(item[1], limit),
-                        0,
-                        now,
-                        None,
-                        parent_id,
-                        now,
-                    )
-                )
-                continue
-            spec = _spec(item)
-            after = () if spec.after is None else check_after(self, spec.after)
-            run_at = to_timestamp("run_at", spec.run_at, now)
-            out.append(
+            after: tuple[str, ...] = ()
+            if type(item) is tuple and len(item) == 2:  # (type, args): no JobSpec round
+                name, args, priority, run_at, key, timeout = item[0], item[1], 0, now, None, None
+            else:
+                spec = _spec(item)
+                if spec.after is not None:
+                    after = check_after(self, spec.after)
+                run_at = to_timestamp("run_at", spec.run_at, now)
+                name, args, priority, key, timeout = (
+                    spec.type, spec.args, spec.priority, spec.unique_key, spec.timeout
+                )  # fmt: skip
+            out.append(  # positional: keywords cost a measurable share of a batch insert
                 q.NewJob(
-                    id=ids.uuid7(),
-                    type=check_type(spec.type),
-                    args_json=encode_args(spec.args, self.max_args_bytes),
-                    priority=check_priority(spec.priority),
-                    run_at=WAIT_AT if after else run_at,
-                    unique_key=check_unique_key(spec.unique_key),
-                    parent_id=parent_id,
-                    created_at=now,
-                    timeout_s=(
-                        None
-                        if spec.timeout is None
-                        else check_seconds("timeout", spec.timeout, allow_zero=False)
-                    ),
-                    after=after,
-                    release_at=run_at if after else None,
+                    ids.uuid7(),
+                    check_type(name),
+                    encode_args(args, limit),
+                    check_priority(priority),
+                    WAIT_AT if after else run_at,
+                    check_unique_key(key),
+                    parent_id,
+                    now,
+                    None
+                    if timeout is None
+                    else check_seconds("timeout", timeout, allow_zero=False),
+                    after,
+                    run_at if after else None,
                 )
             )
         return out

@@ -367,11 +367,14 @@ class PostgresStore:
         with self._connection() as conn:  # autocommit: CONCURRENTLY is outside a transaction
             if _index_state(conn, STREAM_INDEX_NAME) != "valid":
                 conn.execute(_LOCK, (_STREAM_INDEX_LOCK, 0))
-                try:
-                    if _index_state(conn, STREAM_INDEX_NAME) == "invalid":
+                try:  # under the lock, an invalid index is a failed build, not one under way
+                    state = _index_state(conn, STREAM_INDEX_NAME)
+                    if state == "invalid":
                         conn.execute(f"DROP INDEX CONCURRENTLY {STREAM_INDEX_NAME}")
-                    if _index_state(conn, STREAM_INDEX_NAME) != "valid":
-                        _log.info("building %s (the first stream over this store)", STREAM_INDEX_NAME)
+                    if state != "valid":
+                        _log.info(
+                            "building %s (the first stream over this store)", STREAM_INDEX_NAME
+                        )
                         conn.execute(build)
                 finally:
                     conn.execute(_UNLOCK, (_STREAM_INDEX_LOCK, 0))
@@ -475,7 +478,7 @@ _UNLOCK = "SELECT pg_advisory_unlock(%s::int, %s::int)"
 
 
 def _index_state(conn: Any, name: str) -> str:
-    """"valid", "invalid" (a CONCURRENTLY build that failed or is under way) or "missing"
+    """ "valid", "invalid" (a CONCURRENTLY build that failed or is under way) or "missing"
     for an index of the schema in use."""
     row = conn.execute(
         "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)", (name,)

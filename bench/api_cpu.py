@@ -1,0 +1,106 @@
+"""Client CPU per job of the job API in one process, two versions of the code alternated.
+
+    .venv/bin/python -m bench.api_cpu --base REV [--backend sqlite|postgres] [--pairs 3]
+
+Each run is a subprocess on one version's ``src`` (REV checked out in a temporary git
+worktree, and the working tree): insert_many of 100 jobs, grab_many 100, complete_many,
+``--rounds`` times after a warm-up, on a fresh durable store. It prints the process's CPU
+time per job (the store's own work included on SQLite, which runs in process; on
+PostgreSQL the server's share is not counted) and the rate. The multi-process harness
+cells mix this with fsync and the server; this isolates the Python side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PG = os.environ.get("HOMING_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+
+_LOOP = r"""
+import json, os, sys, tempfile, time
+import homing
+backend, rounds = sys.argv[1], int(sys.argv[2])
+if backend == "sqlite":
+    url = f"sqlite:///{tempfile.mkdtemp()}/cpu.db"
+else:
+    url = f"{sys.argv[3]}?schema=api_cpu_{os.getpid()}"
+db = homing.connect(url)
+def one_round():
+    db.insert_many([("t", {"i": i, "p": "x" * 80}) for i in range(100)])
+    db.complete_many(db.grab_many(["t"], lock_for=60, limit=100))
+for _ in range(5):
+    one_round()
+wall, cpu = time.perf_counter(), time.process_time()
+for _ in range(rounds):
+    one_round()
+wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+if backend != "sqlite":
+    with db.store.transaction() as tx:
+        tx.execute(f"DROP SCHEMA api_cpu_{os.getpid()} CASCADE")
+db.close()
+print(json.dumps({"cpu_us_per_job": cpu / rounds / 100 * 1e6, "jobs_per_s": rounds * 100 / wall}))
+"""
+
+
+def run(src: Path, backend: str, rounds: int) -> dict[str, float]:
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    out = subprocess.run(
+        [sys.executable, "-c", _LOOP, backend, str(rounds), PG],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--base", required=True, help="git revision to compare with")
+    ap.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite")
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=150)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="homing-api-cpu-") as tmp:
+        base = Path(tmp) / "base"
+        subprocess.run(
+            ["git", "worktree", "add", "-q", "--detach", str(base), args.base], cwd=ROOT, check=True
+        )
+        try:
+            sides: dict[str, list[dict[str, float]]] = {"base": [], "head": []}
+            for i in range(args.pairs):
+                for side, tree in (("base", base), ("head", ROOT)):
+                    r = run(tree / "src", args.backend, args.rounds)
+                    sides[side].append(r)
+                    print(
+                        f"pair {i + 1}/{args.pairs} {side}: {r['cpu_us_per_job']:6.1f} us CPU/job, "
+                        f"{r['jobs_per_s']:8,.0f} jobs/s",
+                        flush=True,
+                    )
+        finally:
+            subprocess.run(
+                ["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, check=False
+            )
+    pairs = [
+        h["cpu_us_per_job"] / b["cpu_us_per_job"]
+        for b, h in zip(sides["base"], sides["head"], strict=True)
+    ]
+    med = {s: statistics.median(r["cpu_us_per_job"] for r in v) for s, v in sides.items()}
+    print(
+        f"{args.backend}: CPU per job {args.base} {med['base']:.1f} us, working tree "
+        f"{med['head']:.1f} us; head/base median of pairs {statistics.median(pairs):.2f}x"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
