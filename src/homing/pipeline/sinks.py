@@ -209,6 +209,15 @@ async def _answer(send: Any, status: int, body: bytes, headers: list[tuple[bytes
     await send({"type": "http.response.body", "body": body})
 
 
+def _event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's loop when installed (as uvicorn picks it): less CPU per connection."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop comes with uvicorn[standard]
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
 def serve_smtp(log: Path, port: int, temp_pct: int) -> None:
     """The SMTP server until SIGTERM (its own process: its own GIL)."""
     import signal
@@ -217,7 +226,7 @@ def serve_smtp(log: Path, port: int, temp_pct: int) -> None:
     from aiosmtpd.controller import Controller
 
     inbox = Inbox(log, temp_pct)
-    smtp = Controller(SmtpHandler(inbox), hostname="127.0.0.1", port=port)
+    smtp = Controller(SmtpHandler(inbox), hostname="127.0.0.1", port=port, loop=_event_loop())
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -246,8 +255,8 @@ def serve_hooks(log: Path, hooks_db: str, port: int, temp_pct: int) -> None:
         log_level="warning",
         access_log=False,
     )
-    try:
-        asyncio.run(uvicorn.Server(config).serve())
+    try:  # Server.run, not asyncio.run(serve()): its loop factory picks uvloop when installed
+        uvicorn.Server(config).run()
     finally:
         network.file.close()
 
