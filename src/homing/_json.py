@@ -11,6 +11,8 @@ homing (compact, no NaN, with a size limit where one applies).
 from __future__ import annotations
 
 import json
+import re
+from itertools import accumulate
 from typing import Any
 
 from homing.errors import InvalidArgument, PayloadTooLarge
@@ -19,28 +21,24 @@ MAX_DEPTH = 64
 MAX_INT = 2**63
 
 
+# A JSON string, escapes included (an unterminated one runs to the end of the body).
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"?', re.DOTALL)
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_STEP = [0] * 256
+_STEP[0x5B] = _STEP[0x7B] = 1
+_STEP[0x5D] = _STEP[0x7D] = -1
+# No integer literal can leave the 64-bit range without a run of 19 digits somewhere.
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+
+
 def _depth_ok(data: bytes, limit: int) -> bool:
-    """Nesting depth from a byte scan, before parsing (so deep input cannot recurse)."""
-    depth = 0
-    in_str = False
-    esc = False
-    for ch in data:
-        if in_str:
-            if esc:
-                esc = False
-            elif ch == 0x5C:
-                esc = True
-            elif ch == 0x22:
-                in_str = False
-        elif ch == 0x22:
-            in_str = True
-        elif ch in (0x5B, 0x7B):
-            depth += 1
-            if depth > limit:
-                return False
-        elif ch in (0x5D, 0x7D):
-            depth -= 1
-    return True
+    """Nesting depth before parsing (so deep input cannot recurse). At most as deep as there
+    are opening brackets; else the brackets outside strings, summed as they come, by the
+    regex engine, ``bytes.translate`` and ``itertools.accumulate`` (no Python loop a byte)."""
+    if data.count(b"[") + data.count(b"{") <= limit:
+        return True
+    brackets = _STRING.sub(b"", data).translate(None, _NOT_BRACKETS)
+    return max(accumulate(map(_STEP.__getitem__, brackets)), default=0) <= limit
 
 
 def strict_loads(data: bytes, error: type[InvalidArgument] = InvalidArgument) -> Any:
@@ -50,12 +48,15 @@ def strict_loads(data: bytes, error: type[InvalidArgument] = InvalidArgument) ->
         raise error(f"JSON body contains {name}, which is not JSON; send finite numbers only")
 
     def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for key, value in pairs:
-            if key in out:
+        out = dict(pairs)
+        if len(out) == len(pairs):  # the common case, checked without a Python loop
+            return out
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
                 raise error(f"JSON body has the key {key[:80]!r} twice in one object; send it once")
-            out[key] = value
-        return out
+            seen.add(key)
+        raise AssertionError("unreachable: fewer keys than pairs means a repeated key")
 
     def bounded_int(text: str) -> int:
         if len(text) > 20:
@@ -79,7 +80,7 @@ def strict_loads(data: bytes, error: type[InvalidArgument] = InvalidArgument) ->
             text,
             object_pairs_hook=no_duplicates,
             parse_constant=no_constants,
-            parse_int=bounded_int,
+            parse_int=bounded_int if _LONG_DIGITS.search(data) else None,
         )
     except error:
         raise
