@@ -41,49 +41,59 @@ def _depth_ok(data: bytes, limit: int) -> bool:
     return max(accumulate(map(_STEP.__getitem__, brackets)), default=0) <= limit
 
 
+class _Refused(ValueError):
+    """Raised by the decoder's hooks; ``strict_loads`` re-raises it as the caller's class."""
+
+
+def _no_constants(name: str) -> Any:
+    raise _Refused(f"JSON body contains {name}, which is not JSON; send finite numbers only")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) == len(pairs):  # the common case, checked without a Python loop
+        return out
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise _Refused(f"JSON body has the key {key[:80]!r} twice in one object; send it once")
+        seen.add(key)
+    raise AssertionError("unreachable: fewer keys than pairs means a repeated key")
+
+
+def _bounded_int(text: str) -> int:
+    if len(text) > 20:
+        raise _Refused(
+            f"JSON body has an integer of {len(text)} digits; integers must be below 2**63 "
+            "(send big numbers as strings)"
+        )
+    value = int(text)
+    if not -MAX_INT <= value < MAX_INT:
+        raise _Refused(f"JSON integer {value} is outside the 64-bit range; send it as a string")
+    return value
+
+
+# Built once: ``json.loads`` with hooks builds a decoder and its scanner on every call.
+# The integer hook is a Python call per integer, needed only where a run of 19 digits is.
+_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+_DECODER_CHECKING_INTS = json.JSONDecoder(
+    object_pairs_hook=_no_duplicates, parse_constant=_no_constants, parse_int=_bounded_int
+)
+
+
 def strict_loads(data: bytes, error: type[InvalidArgument] = InvalidArgument) -> Any:
     """Parse JSON refusing NaN/Infinity, duplicate keys, deep nesting and huge integers."""
-
-    def no_constants(name: str) -> Any:
-        raise error(f"JSON body contains {name}, which is not JSON; send finite numbers only")
-
-    def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        out = dict(pairs)
-        if len(out) == len(pairs):  # the common case, checked without a Python loop
-            return out
-        seen: set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise error(f"JSON body has the key {key[:80]!r} twice in one object; send it once")
-            seen.add(key)
-        raise AssertionError("unreachable: fewer keys than pairs means a repeated key")
-
-    def bounded_int(text: str) -> int:
-        if len(text) > 20:
-            raise error(
-                f"JSON body has an integer of {len(text)} digits; integers must be below 2**63 "
-                "(send big numbers as strings)"
-            )
-        value = int(text)
-        if not -MAX_INT <= value < MAX_INT:
-            raise error(f"JSON integer {value} is outside the 64-bit range; send it as a string")
-        return value
-
     if not _depth_ok(data, MAX_DEPTH):
         raise error(f"JSON body is nested deeper than {MAX_DEPTH} levels; flatten it")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise error(f"JSON body is not UTF-8: {exc}") from exc
+    decoder = _DECODER_CHECKING_INTS if _LONG_DIGITS.search(data) else _DECODER
     try:
-        return json.loads(
-            text,
-            object_pairs_hook=no_duplicates,
-            parse_constant=no_constants,
-            parse_int=bounded_int if _LONG_DIGITS.search(data) else None,
-        )
-    except error:
-        raise
+        return decoder.decode(text)
+    except _Refused as exc:
+        raise error(str(exc)) from None
     except (ValueError, RecursionError) as exc:
         raise error(f"invalid JSON: the body is not valid JSON ({exc})") from exc
 
