@@ -1,0 +1,130 @@
+"""CPU of the HTTP receiver's server process per durable message, two versions alternated.
+
+    .venv/bin/python bench/receiver_cpu.py --base REV [--backend sqlite|postgres]
+        [--pairs 3] [--n 30000]
+
+The receiver cell of ``bench/http.py`` (and of ``bench.ab``) reports messages per second
+with the client, the server and the store on the same two cores: its pairs swing by
++-15% on this machine. This measures the server alone: ``bench/http.py``'s server (a
+``Receiver`` with a no-op node, uvicorn) runs on REV's ``src`` (a temporary git worktree)
+and on the working tree's, alternately, and after a warm-up of 2,000 messages receives
+``--n`` Option 2 messages (32 concurrent, homing's HTTP client). Reported per run: the
+rate, and the server process's CPU time (user + system, from /proc) per message. Linux only.
+"""
+
+# ruff: noqa: E402
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# Run as a script, this file's directory would shadow the standard library's ``http``.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import tempfile
+import time
+import uuid
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT))
+
+from bench.http import SERVER, drop, free_port, store_url
+from homing.http._client import Client
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+async def drive(base: str, n: int) -> float:
+    async with Client(max_connections=32, timeout=30) as client:
+        counter = iter(range(n))
+
+        async def worker() -> None:
+            for i in counter:
+                r = await client.request(
+                    "POST",
+                    base + "/noop",
+                    content=json.dumps({"i": i}).encode(),
+                    headers={
+                        "content-type": "application/json",
+                        "homing-message-id": str(uuid.uuid4()),
+                        "homing-mode": "send",
+                    },
+                )
+                assert r.status_code == 204, r.status_code
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(32)))
+        return n / (time.perf_counter() - started)
+
+
+def one_run(src: Path, backend: str, n: int, tmp: Path, name: str) -> tuple[float, float]:
+    url = store_url(backend, name, tmp)
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVER, url, str(port)],
+        env={**os.environ, "PYTHONPATH": str(src)},
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                asyncio.run(drive(base, 1))
+                break
+            except Exception:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise
+                time.sleep(0.2)
+        asyncio.run(drive(base, 2000))
+        before = cpu_seconds(server.pid)
+        rate = asyncio.run(drive(base, n))
+        time.sleep(0.5)  # the handling of the last messages, after their 204
+        return rate, (cpu_seconds(server.pid) - before) / n * 1e6
+    finally:
+        server.terminate()
+        server.wait(30)
+        drop(url)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--base", required=True, help="a git revision to compare with")
+    ap.add_argument("--backend", choices=("sqlite", "postgres"), default="sqlite")
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--n", type=int, default=30000)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="homing-recv-cpu-"))
+    tree = tmp / "base"
+    subprocess.run(
+        ["git", "worktree", "add", "--detach", str(tree), args.base],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
+    print(f"# {' '.join(sys.argv)}  ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})")
+    try:
+        for i in range(args.pairs):
+            for label, src in ((args.base, tree / "src"), ("working tree", ROOT / "src")):
+                rate, cpu = one_run(src, args.backend, args.n, tmp, f"r{i}{len(label)}")
+                print(
+                    f"{i + 1} {label:>12} {args.backend}: {rate:,.0f} msgs/s, "
+                    f"server CPU {cpu:.0f} us/msg",
+                    flush=True,
+                )
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False)
+
+
+if __name__ == "__main__":
+    main()
