@@ -86,6 +86,27 @@ def test_integers_must_fit_64_bits(text: str, ok: bool) -> None:
             strict_loads(body)
 
 
+@pytest.mark.parametrize(
+    ("text", "ok"),
+    [
+        ("1e308", True),
+        ("-1.7976931348623157e308", True),
+        ("1e999", False),  # json.loads makes it inf
+        ("-1E+400", False),
+        ("1" * 400 + ".5", False),
+        ("0." + "0" * 400 + "1", True),  # underflows to 0.0: finite
+        ("123456789012345678.9e99", True),
+    ],
+)
+def test_numbers_that_overflow_a_float_are_refused(text: str, ok: bool) -> None:
+    body = ('{"f": ' + text + "}").encode()
+    if ok:
+        assert strict_loads(body) == json.loads(body)
+    else:
+        with pytest.raises(InvalidArgument, match="too large for a float"):
+            strict_loads(body)
+
+
 @pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
 def test_non_finite_constants_are_refused(constant: str) -> None:
     with pytest.raises(InvalidArgument, match="not JSON"):

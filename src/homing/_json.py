@@ -1,16 +1,17 @@
 """Strict JSON for anything that arrives from outside (HTTP bodies, API calls).
 
-Python's ``json`` accepts NaN/Infinity, keeps the last of duplicate keys, recurses without
-bound and parses integers of any size; each is a way for bad input to slip through or to
-cost a server dearly. ``strict_loads`` refuses all four with a message that says what to do,
-raising the caller's error class (an ``InvalidArgument`` subclass), so each face keeps its
-own error type. Going out, ``compact`` and ``encode_limited`` are the one JSON encoder of
+Python's ``json`` accepts NaN/Infinity (and numbers like 1e999 that overflow to it), keeps
+the last of duplicate keys, recurses without bound and parses integers of any size; each
+is a way for bad input to slip through or to cost a server dearly. ``strict_loads``
+refuses all four with a message that says what to do, raising the caller's error class
+(an ``InvalidArgument`` subclass), so each face keeps its own error type. Going out, ``compact`` and ``encode_limited`` are the one JSON encoder of
 homing (compact, no NaN, with a size limit where one applies).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from itertools import accumulate
 from typing import Any
@@ -27,8 +28,9 @@ _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _STEP = [0] * 256
 _STEP[0x5B] = _STEP[0x7B] = 1
 _STEP[0x5D] = _STEP[0x7D] = -1
-# No integer literal can leave the 64-bit range without a run of 19 digits somewhere.
-_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+# No integer can leave the 64-bit range, and no number can overflow a float (to inf),
+# without a run of 19 digits or an exponent of three digits somewhere in the body.
+_BIG_NUMBER = re.compile(rb"[0-9]{19}|[eE][+-]?[0-9]{3}")
 
 
 def _depth_ok(data: bytes, limit: int) -> bool:
@@ -73,11 +75,21 @@ def _bounded_int(text: str) -> int:
     return value
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (math.inf, -math.inf):
+        raise _Refused(f"JSON number {text[:40]} is too large for a float; send it as a string")
+    return value
+
+
 # Built once: ``json.loads`` with hooks builds a decoder and its scanner on every call.
-# The integer hook is a Python call per integer, needed only where a run of 19 digits is.
+# The number hooks are a Python call per number, needed only where a big number may be.
 _DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
-_DECODER_CHECKING_INTS = json.JSONDecoder(
-    object_pairs_hook=_no_duplicates, parse_constant=_no_constants, parse_int=_bounded_int
+_DECODER_CHECKING_NUMBERS = json.JSONDecoder(
+    object_pairs_hook=_no_duplicates,
+    parse_constant=_no_constants,
+    parse_int=_bounded_int,
+    parse_float=_finite_float,
 )
 
 
@@ -89,7 +101,7 @@ def strict_loads(data: bytes, error: type[InvalidArgument] = InvalidArgument) ->
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise error(f"JSON body is not UTF-8: {exc}") from exc
-    decoder = _DECODER_CHECKING_INTS if _LONG_DIGITS.search(data) else _DECODER
+    decoder = _DECODER_CHECKING_NUMBERS if _BIG_NUMBER.search(data) else _DECODER
     try:
         return decoder.decode(text)
     except _Refused as exc:
