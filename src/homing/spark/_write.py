@@ -32,6 +32,9 @@ from homing.spark._common import (
 )
 from homing.store import spark_queries as sq
 
+# One encoder for the args of every row (``json.dumps`` with options builds one per call).
+_ROW_ARGS = json.JSONEncoder(default=str, separators=(",", ":"))
+
 RESERVED = ("id", "type", "args", "priority", "run_at", "parent_id")
 CHUNK = 10_000
 
@@ -89,10 +92,7 @@ class RowSpec:
             args = [a if isinstance(a, str) else json.dumps(a) for a in cols[self.args_column]]
         else:
             others = [c for c in names if c not in RESERVED]
-            args = [
-                json.dumps({c: cols[c][i] for c in others}, default=str, separators=(",", ":"))
-                for i in range(n)
-            ]
+            args = [_ROW_ARGS.encode({c: cols[c][i] for c in others}) for i in range(n)]
         if self.id_column is not None:
             ids = [str(v) for v in cols[self.id_column]]
         else:

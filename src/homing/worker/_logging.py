@@ -8,6 +8,9 @@ import sys
 import time
 from typing import Any
 
+# One encoder for every record (``json.dumps`` with options builds one per call).
+_RECORD = json.JSONEncoder(default=str)
+
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time, level, logger, message and the job's fields."""
@@ -26,7 +29,7 @@ class JsonFormatter(logging.Formatter):
             data.update(fields)
         if record.exc_info:
             data["exception"] = self.formatException(record.exc_info)
-        return json.dumps(data, default=str)
+        return _RECORD.encode(data)
 
 
 def configure(fmt: str = "text", level: str = "info") -> None:
