@@ -96,6 +96,7 @@ def test_integers_must_fit_64_bits(text: str, ok: bool) -> None:
         ("1" * 400 + ".5", False),
         ("0." + "0" * 400 + "1", True),  # underflows to 0.0: finite
         ("123456789012345678.9e99", True),
+        ("1e-400", True),  # underflows to 0.0: finite
     ],
 )
 def test_numbers_that_overflow_a_float_are_refused(text: str, ok: bool) -> None:

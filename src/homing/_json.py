@@ -29,8 +29,17 @@ _STEP = [0] * 256
 _STEP[0x5B] = _STEP[0x7B] = 1
 _STEP[0x5D] = _STEP[0x7D] = -1
 # No integer can leave the 64-bit range, and no number can overflow a float (to inf),
-# without a run of 19 digits or an exponent of three digits somewhere in the body.
-_BIG_NUMBER = re.compile(rb"[0-9]{19}|[eE][+-]?[0-9]{3}")
+# without a run of 19 digits or an exponent of three digits somewhere in the body. Found
+# on the body mapped to digits -> "0", e/E -> "e", +/- -> "+", the rest -> " ": one C pass
+# and three substring searches (a regex search was 2-5x slower).
+_NUMBER_SHAPE = bytes(
+    48 if 48 <= b <= 57 else 101 if b in b"eE" else 43 if b in b"+-" else 32 for b in range(256)
+)
+
+
+def _may_hold_a_big_number(data: bytes) -> bool:
+    shape = data.translate(_NUMBER_SHAPE)
+    return b"0" * 19 in shape or b"e000" in shape or b"e+000" in shape
 
 
 def _depth_ok(data: bytes, limit: int) -> bool:
@@ -101,7 +110,7 @@ def strict_loads(data: bytes, error: type[InvalidArgument] = InvalidArgument) ->
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise error(f"JSON body is not UTF-8: {exc}") from exc
-    decoder = _DECODER_CHECKING_NUMBERS if _BIG_NUMBER.search(data) else _DECODER
+    decoder = _DECODER_CHECKING_NUMBERS if _may_hold_a_big_number(data) else _DECODER
     try:
         return decoder.decode(text)
     except _Refused as exc:
