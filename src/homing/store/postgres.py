@@ -365,8 +365,7 @@ class PostgresStore:
             "CREATE INDEX", "CREATE INDEX CONCURRENTLY IF NOT EXISTS"
         )
         with self._connection() as conn:  # autocommit: CONCURRENTLY is outside a transaction
-            if _index_state(conn, STREAM_INDEX_NAME) != "valid":
-                conn.execute(_LOCK, (_STREAM_INDEX_LOCK, 0))
+            if _index_state(conn, STREAM_INDEX_NAME) != "valid" and _take_build_turn(conn):
                 try:  # under the lock, an invalid index is a failed build, not one under way
                     state = _index_state(conn, STREAM_INDEX_NAME)
                     if state == "invalid":
@@ -472,7 +471,28 @@ _DUE_FOR_VACUUM = (
     "'-infinity') < now() - make_interval(secs => ?) ORDER BY n_dead_tup DESC"
 )
 _STREAM_INDEX_LOCK = 0x686F6E  # "hon": one builder of the stream index at a time
-_LOCK = "SELECT pg_advisory_lock(%s::int, %s::int)"
+
+
+def _take_build_turn(conn: Any) -> bool:
+    """Take the stream index's build lock, or wait until another process has built it
+    (False). Tried, never waited for in a statement: a session blocked in
+    ``pg_advisory_lock`` holds a snapshot, ``CREATE INDEX CONCURRENTLY`` in the holder's
+    session waits for every older snapshot to end, and the server ends the cycle by
+    failing one of them (DeadlockDetected, seen with four processes starting at once).
+    Each try is its own short transaction (autocommit), which the build waits out."""
+    from homing.store.migrations.spark import STREAM_INDEX_NAME
+
+    pause, told = 0.02, False
+    while True:
+        if conn.execute(_TRY_LOCK, (_STREAM_INDEX_LOCK, 0)).fetchone()[0]:
+            return True
+        if _index_state(conn, STREAM_INDEX_NAME) == "valid":
+            return False
+        if not told:
+            _log.info("waiting for another process to build %s", STREAM_INDEX_NAME)
+            told = True
+        time.sleep(pause)
+        pause = min(pause * 2, 0.5)
 _TRY_LOCK = "SELECT pg_try_advisory_lock(%s::int, %s::int)"
 _UNLOCK = "SELECT pg_advisory_unlock(%s::int, %s::int)"
 
