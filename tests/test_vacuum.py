@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 import homing
-from homing.store.postgres import VACUUM_MIN_DEAD
+from homing.store.postgres_upkeep import VACUUM_MIN_DEAD
 
 
 def _autovacuum_off(db: homing.Database) -> bool:

@@ -28,6 +28,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "the PostgreSQL backend needs psycopg 3: pip install 'homing[postgres]'"
     ) from exc
 
+from homing.store import postgres_upkeep as upkeep  # needs psycopg: after the check above
+
 _log = logging.getLogger("homing.store")
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
@@ -349,9 +351,8 @@ class PostgresStore:
         return apply_migrations(self)
 
     def ensure_stream_index(self) -> None:
-        """Builds the index CONCURRENTLY (inserts go on meanwhile), one process at a time
-        (an advisory lock); a build that failed half-way leaves an invalid index, which is
-        dropped and built again."""
+        """Builds the stream index unless this process saw it valid (``postgres_upkeep``:
+        CONCURRENTLY, one process at a time, a half-built one rebuilt)."""
         if self._stream_index:
             return
         if self._slot.get() is not None:
@@ -359,24 +360,8 @@ class PostgresStore:
                 "ensure_stream_index() inside a transaction: building the index waits for "
                 "every open transaction, this one included"
             )
-        from homing.store.migrations.spark import STREAM_INDEX_NAME, STREAM_INDEX_POSTGRES
-
-        build = STREAM_INDEX_POSTGRES.replace(
-            "CREATE INDEX", "CREATE INDEX CONCURRENTLY IF NOT EXISTS"
-        )
         with self._connection() as conn:  # autocommit: CONCURRENTLY is outside a transaction
-            if _index_state(conn, STREAM_INDEX_NAME) != "valid" and _take_build_turn(conn):
-                try:  # under the lock, an invalid index is a failed build, not one under way
-                    state = _index_state(conn, STREAM_INDEX_NAME)
-                    if state == "invalid":
-                        conn.execute(f"DROP INDEX CONCURRENTLY {STREAM_INDEX_NAME}")
-                    if state != "valid":
-                        _log.info(
-                            "building %s (the first stream over this store)", STREAM_INDEX_NAME
-                        )
-                        conn.execute(build)
-                finally:
-                    conn.execute(_UNLOCK, (_STREAM_INDEX_LOCK, 0))
+            upkeep.build_stream_index(conn)
         self._stream_index = True
 
     def warn_if_never_vacuumed(self) -> bool:
@@ -405,27 +390,17 @@ class PostgresStore:
         return self.vacuum_tables(every) if self._autovacuum_off() else []
 
     def vacuum_tables(self, every: float) -> list[str]:
-        """VACUUM (ANALYZE) homing's tables that hold at least ``VACUUM_MIN_DEAD`` dead rows
+        """VACUUM (ANALYZE) homing's tables that hold at least ``upkeep.VACUUM_MIN_DEAD`` dead rows
         and had no VACUUM in ``every`` seconds (the server's own statistics say both, so
         the workers of a deployment share the schedule). An advisory lock per table lets
         one process at a time do it; the others skip. Returns the tables vacuumed."""
         with self.transaction(write=False) as tx:
-            due = tx.query(_DUE_FOR_VACUUM, (VACUUM_MIN_DEAD, every))
+            due = tx.query(upkeep.DUE_FOR_VACUUM, (upkeep.VACUUM_MIN_DEAD, every))
         done: list[str] = []
         for schema, table, relid in due:
             with self._connection() as conn:  # autocommit: VACUUM runs outside a transaction
-                lock = (_VACUUM_LOCK, relid)
-                if not conn.execute(_TRY_LOCK, lock).fetchone()[0]:
-                    continue  # another process vacuums it now
-                try:
-                    conn.execute(
-                        pgsql.SQL("VACUUM (ANALYZE) {}.{}").format(
-                            pgsql.Identifier(schema), pgsql.Identifier(table)
-                        )
-                    )
-                finally:
-                    conn.execute(_UNLOCK, lock)
-            done.append(table)
+                if upkeep.vacuum_table(conn, schema, table, relid):
+                    done.append(table)
         return done
 
     def notify_channel(self, channel: str) -> str:
@@ -458,54 +433,6 @@ class PostgresStore:
         with self._schema_lock:
             if self._leases is not None:
                 self._leases.close()
-
-
-VACUUM_MIN_DEAD = 1000
-_VACUUM_LOCK = 0x686F6D  # "hom": the advisory-lock class of homing's own VACUUMs
-# homing's tables in the schema in use with enough dead rows and no VACUUM for a while.
-# Table names come from the catalog, never from a caller.
-_DUE_FOR_VACUUM = (
-    "SELECT schemaname, relname, relid::int FROM pg_stat_user_tables "
-    "WHERE schemaname = current_schema() AND relname LIKE 'homing\\_%' "
-    "AND n_dead_tup >= ? AND coalesce(greatest(last_vacuum, last_autovacuum), "
-    "'-infinity') < now() - make_interval(secs => ?) ORDER BY n_dead_tup DESC"
-)
-_STREAM_INDEX_LOCK = 0x686F6E  # "hon": one builder of the stream index at a time
-
-
-def _take_build_turn(conn: Any) -> bool:
-    """Take the stream index's build lock, or wait until another process has built it
-    (False). Tried, never waited for in a statement: a session blocked in
-    ``pg_advisory_lock`` holds a snapshot, ``CREATE INDEX CONCURRENTLY`` in the holder's
-    session waits for every older snapshot to end, and the server ends the cycle by
-    failing one of them (DeadlockDetected, seen with four processes starting at once).
-    Each try is its own short transaction (autocommit), which the build waits out."""
-    from homing.store.migrations.spark import STREAM_INDEX_NAME
-
-    pause, told = 0.02, False
-    while True:
-        if conn.execute(_TRY_LOCK, (_STREAM_INDEX_LOCK, 0)).fetchone()[0]:
-            return True
-        if _index_state(conn, STREAM_INDEX_NAME) == "valid":
-            return False
-        if not told:
-            _log.info("waiting for another process to build %s", STREAM_INDEX_NAME)
-            told = True
-        time.sleep(pause)
-        pause = min(pause * 2, 0.5)
-_TRY_LOCK = "SELECT pg_try_advisory_lock(%s::int, %s::int)"
-_UNLOCK = "SELECT pg_advisory_unlock(%s::int, %s::int)"
-
-
-def _index_state(conn: Any, name: str) -> str:
-    """ "valid", "invalid" (a CONCURRENTLY build that failed or is under way) or "missing"
-    for an index of the schema in use."""
-    row = conn.execute(
-        "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)", (name,)
-    ).fetchone()
-    if row is None:
-        return "missing"
-    return "valid" if row[0] else "invalid"
 
 
 def _connection_lost(exc: BaseException) -> bool:
