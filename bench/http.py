@@ -105,6 +105,21 @@ async def closed_loop(n: int, concurrency: int, one: Any) -> tuple[list[float], 
     return latencies, time.perf_counter() - t0
 
 
+async def post_to_receiver(client: Client, base: str, i: int) -> None:
+    """One durable Option 2 message to the receiver's no-op node, answered 204."""
+    r = await client.request(
+        "POST",
+        base + "/noop",
+        content=json.dumps({"i": i}).encode(),
+        headers={
+            "content-type": "application/json",
+            "homing-message-id": str(uuid.uuid4()),
+            "homing-mode": "send",
+        },
+    )
+    assert r.status_code == 204, r.status_code
+
+
 def unhandled(rdb: homing.Database) -> int:
     with rdb.store.transaction(write=False) as tx:
         row = tx.query_one("SELECT COUNT(*) FROM homing_http_inbox WHERE state = 'received'")
@@ -149,17 +164,7 @@ async def run(
             assert r.status_code == 204
 
         async def receive(i: int) -> None:
-            r = await lean.request(
-                "POST",
-                base + "/noop",
-                content=json.dumps({"i": i}).encode(),
-                headers={
-                    "content-type": "application/json",
-                    "homing-message-id": str(uuid.uuid4()),
-                    "homing-mode": "send",
-                },
-            )
-            assert r.status_code == 204, r.status_code
+            await post_to_receiver(lean, base, i)
 
         await closed_loop(200, args.concurrency, plain_lean)  # warm-up
         await closed_loop(200, args.concurrency, receive)

@@ -23,18 +23,16 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 
 import argparse
 import asyncio
-import json
 import os
 import subprocess
 import tempfile
 import time
-import uuid
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 
-from bench.http import SERVER, drop, free_port, store_url
+from bench.http import SERVER, drop, free_port, post_to_receiver, store_url
 from homing.http._client import Client
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -51,17 +49,7 @@ async def drive(base: str, n: int) -> float:
 
         async def worker() -> None:
             for i in counter:
-                r = await client.request(
-                    "POST",
-                    base + "/noop",
-                    content=json.dumps({"i": i}).encode(),
-                    headers={
-                        "content-type": "application/json",
-                        "homing-message-id": str(uuid.uuid4()),
-                        "homing-mode": "send",
-                    },
-                )
-                assert r.status_code == 204, r.status_code
+                await post_to_receiver(client, base, i)
 
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(32)))
