@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import run as bench_run
+from bench.common import revision_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -131,20 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     head = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
-    with tempfile.TemporaryDirectory(prefix="homing-ab-") as tmp:
-        tree = Path(tmp) / "base"
-        subprocess.run(
-            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), args.base],
-            check=True,
-            capture_output=True,
-        )
-        try:
-            runs = compare(tree, args.cells, args.reps)
-        finally:
-            subprocess.run(
-                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
-                capture_output=True,
-            )
+    with revision_tree(args.base) as tree:
+        runs = compare(tree, args.cells, args.reps)
     result = table(runs, args.base)
     print()
     print(result)

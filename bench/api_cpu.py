@@ -18,8 +18,9 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
+
+from bench.common import revision_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 PG = os.environ.get("HOMING_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
@@ -70,26 +71,17 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=150)
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="homing-api-cpu-") as tmp:
-        base = Path(tmp) / "base"
-        subprocess.run(
-            ["git", "worktree", "add", "-q", "--detach", str(base), args.base], cwd=ROOT, check=True
-        )
-        try:
-            sides: dict[str, list[dict[str, float]]] = {"base": [], "head": []}
-            for i in range(args.pairs):
-                for side, tree in (("base", base), ("head", ROOT)):
-                    r = run(tree / "src", args.backend, args.rounds)
-                    sides[side].append(r)
-                    print(
-                        f"pair {i + 1}/{args.pairs} {side}: {r['cpu_us_per_job']:6.1f} us CPU/job, "
-                        f"{r['jobs_per_s']:8,.0f} jobs/s",
-                        flush=True,
-                    )
-        finally:
-            subprocess.run(
-                ["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, check=False
-            )
+    sides: dict[str, list[dict[str, float]]] = {"base": [], "head": []}
+    with revision_tree(args.base) as base:
+        for i in range(args.pairs):
+            for side, tree in (("base", base), ("head", ROOT)):
+                r = run(tree / "src", args.backend, args.rounds)
+                sides[side].append(r)
+                print(
+                    f"pair {i + 1}/{args.pairs} {side}: {r['cpu_us_per_job']:6.1f} us CPU/job, "
+                    f"{r['jobs_per_s']:8,.0f} jobs/s",
+                    flush=True,
+                )
     pairs = [
         h["cpu_us_per_job"] / b["cpu_us_per_job"]
         for b, h in zip(sides["base"], sides["head"], strict=True)

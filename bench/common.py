@@ -6,8 +6,11 @@ import json
 import multiprocessing as mp
 import os
 import statistics
+import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -224,3 +227,25 @@ def percentile(values: list[float], p: float) -> float:
 
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
+
+
+@contextmanager
+def revision_tree(rev: str) -> Iterator[Path]:
+    """``rev`` checked out in a temporary git worktree, removed afterwards: the "before"
+    side of the A/B scripts (``bench.ab``, ``api_cpu``, ``strict_json``, ``receiver_cpu``)."""
+    root = Path(__file__).resolve().parent.parent
+    with tempfile.TemporaryDirectory(prefix="homing-rev-") as tmp:
+        tree = Path(tmp) / "tree"
+        subprocess.run(
+            ["git", "-C", str(root), "worktree", "add", "-q", "--detach", str(tree), rev],
+            check=True,
+            capture_output=True,
+        )
+        try:
+            yield tree
+        finally:
+            subprocess.run(
+                ["git", "-C", str(root), "worktree", "remove", "--force", str(tree)],
+                capture_output=True,
+                check=False,
+            )

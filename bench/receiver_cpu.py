@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 
+from bench.common import revision_tree
 from bench.http import SERVER, drop, free_port, post_to_receiver, store_url
 from homing.http._client import Client
 
@@ -92,26 +93,19 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--n", type=int, default=30000)
     args = ap.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="homing-recv-cpu-"))
-    tree = tmp / "base"
-    subprocess.run(
-        ["git", "worktree", "add", "--detach", str(tree), args.base],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-    )
     print(f"# {' '.join(sys.argv)}  ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})")
-    try:
+    with revision_tree(args.base) as tree, tempfile.TemporaryDirectory() as stores:
         for i in range(args.pairs):
-            for label, src in ((args.base, tree / "src"), ("working tree", ROOT / "src")):
-                rate, cpu = one_run(src, args.backend, args.n, tmp, f"r{i}{len(label)}")
+            for side, label, src in (
+                ("base", args.base, tree / "src"),
+                ("head", "working tree", ROOT / "src"),
+            ):
+                rate, cpu = one_run(src, args.backend, args.n, Path(stores), f"r{i}_{side}")
                 print(
                     f"{i + 1} {label:>12} {args.backend}: {rate:,.0f} msgs/s, "
                     f"server CPU {cpu:.0f} us/msg",
                     flush=True,
                 )
-    finally:
-        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False)
 
 
 if __name__ == "__main__":

@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
-import tempfile
+from contextlib import ExitStack
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.common import revision_tree  # noqa: E402
 
 _TIMER = r"""
 import json, sys, timeit
@@ -41,7 +45,7 @@ print(json.dumps({
 def measure(src: Path) -> dict[str, float]:
     out = subprocess.run(
         [sys.executable, "-c", _TIMER],
-        env={"PYTHONPATH": str(src), "PATH": "/usr/bin:/bin"},
+        env={**os.environ, "PYTHONPATH": str(src)},
         capture_output=True,
         text=True,
         check=True,
@@ -55,18 +59,10 @@ def main() -> None:
     ap.add_argument("--base", help="a git revision to compare with the working tree")
     ap.add_argument("--pairs", type=int, default=3)
     args = ap.parse_args()
-    trees = [("working tree", ROOT / "src")]
-    tmp = None
-    if args.base:
-        tmp = tempfile.mkdtemp(prefix="homing-json-")
-        subprocess.run(
-            ["git", "worktree", "add", "--detach", tmp, args.base],
-            cwd=ROOT,
-            check=True,
-            capture_output=True,
-        )
-        trees.insert(0, (args.base, Path(tmp) / "src"))
-    try:
+    with ExitStack() as stack:
+        trees = [("working tree", ROOT / "src")]
+        if args.base:
+            trees.insert(0, (args.base, stack.enter_context(revision_tree(args.base)) / "src"))
         for i in range(args.pairs if args.base else 1):
             for name, src in trees:
                 r = measure(src)
@@ -75,9 +71,6 @@ def main() -> None:
                     f"{r['big_ms']:.2f} ms (329 KB); json.loads {r['json_small_us']:.2f} us, "
                     f"{r['json_big_ms']:.2f} ms"
                 )
-    finally:
-        if tmp is not None:
-            subprocess.run(["git", "worktree", "remove", "--force", tmp], cwd=ROOT, check=False)
 
 
 if __name__ == "__main__":

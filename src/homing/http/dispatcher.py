@@ -23,6 +23,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from homing import ids
 from homing._failpoints import failpoint
+from homing._loops import loop_factory
 from homing.database import Database
 from homing.errors import InvalidArgument
 from homing.http import _followups, standard, wire
@@ -173,13 +174,7 @@ class Dispatcher:
                 pass  # the loop closed meanwhile
 
     def _main(self) -> None:
-        try:  # uvloop (uvicorn's loop, when installed) costs less CPU per request
-            import uvloop
-
-            factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
-        except ImportError:  # pragma: no cover - uvloop is optional
-            factory = None
-        with asyncio.Runner(loop_factory=factory) as runner:
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
             runner.run(self._run())
 
     async def _db(self, fn: Callable[..., T], *args: Any) -> T:

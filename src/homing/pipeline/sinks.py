@@ -17,7 +17,6 @@ Each runs as its own process (a service of its own, with its own GIL):
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import threading
 import time
@@ -25,6 +24,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from homing._loops import loop_factory
 from homing.pipeline.data import HOOK_CHANNELS, HOOK_RECEIVED
 
 
@@ -209,15 +209,6 @@ async def _answer(send: Any, status: int, body: bytes, headers: list[tuple[bytes
     await send({"type": "http.response.body", "body": body})
 
 
-def _event_loop() -> asyncio.AbstractEventLoop:
-    """uvloop's loop when installed (as uvicorn picks it): less CPU per connection."""
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop comes with uvicorn[standard]
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
-
-
 def serve_smtp(log: Path, port: int, temp_pct: int) -> None:
     """The SMTP server until SIGTERM (its own process: its own GIL)."""
     import signal
@@ -226,7 +217,7 @@ def serve_smtp(log: Path, port: int, temp_pct: int) -> None:
     from aiosmtpd.controller import Controller
 
     inbox = Inbox(log, temp_pct)
-    smtp = Controller(SmtpHandler(inbox), hostname="127.0.0.1", port=port, loop=_event_loop())
+    smtp = Controller(SmtpHandler(inbox), hostname="127.0.0.1", port=port, loop=loop_factory()())
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

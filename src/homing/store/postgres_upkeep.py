@@ -13,6 +13,8 @@ from typing import Any
 
 from psycopg import sql as pgsql
 
+from homing.store.migrations.spark import STREAM_INDEX_NAME, STREAM_INDEX_POSTGRES
+
 _log = logging.getLogger("homing.store")
 
 VACUUM_MIN_DEAD = 1000
@@ -51,9 +53,9 @@ def build_stream_index(conn: Any) -> None:
     """Build the stream index CONCURRENTLY (inserts go on meanwhile) unless it is valid;
     one process builds, the others wait for it; a build that failed half-way left an
     invalid index, which is dropped and built again."""
-    from homing.store.migrations.spark import STREAM_INDEX_NAME, STREAM_INDEX_POSTGRES
-
-    if index_state(conn, STREAM_INDEX_NAME) == "valid" or not _take_build_turn(conn):
+    if index_state(conn, STREAM_INDEX_NAME) == "valid":
+        return
+    if not _take_build_turn(conn, STREAM_INDEX_NAME):
         return
     try:  # under the lock, an invalid index is a failed build, not one under way
         state = index_state(conn, STREAM_INDEX_NAME)
@@ -70,23 +72,23 @@ def build_stream_index(conn: Any) -> None:
         conn.execute(_UNLOCK, (_STREAM_INDEX_LOCK, 0))
 
 
-def _take_build_turn(conn: Any) -> bool:
+def _take_build_turn(conn: Any, name: str) -> bool:
     """Take the stream index's build lock, or wait until another process has built it
     (False). Tried, never waited for in a statement: a session blocked in
     ``pg_advisory_lock`` holds a snapshot, ``CREATE INDEX CONCURRENTLY`` in the holder's
     session waits for every older snapshot to end, and the server ends the cycle by
     failing one of them (DeadlockDetected, seen with four processes starting at once).
-    Each try is its own short transaction (autocommit), which the build waits out."""
-    from homing.store.migrations.spark import STREAM_INDEX_NAME
-
+    Each try is its own short transaction (autocommit), which the build waits out. No
+    deadline: a build takes as long as the table needs, and a holder that dies releases
+    the lock with its session."""
     pause, told = 0.02, False
     while True:
         if conn.execute(_TRY_LOCK, (_STREAM_INDEX_LOCK, 0)).fetchone()[0]:
             return True
-        if index_state(conn, STREAM_INDEX_NAME) == "valid":
+        if index_state(conn, name) == "valid":
             return False
         if not told:
-            _log.info("waiting for another process to build %s", STREAM_INDEX_NAME)
+            _log.info("waiting for another process to build %s", name)
             told = True
         time.sleep(pause)
         pause = min(pause * 2, 0.5)
