@@ -509,3 +509,25 @@ def test_an_expired_lease_is_not_hidden_by_a_ready_job(jobs: JobAPI, clock: Manu
     clock.advance(21)
     taken = [jobs.grab("t", lock_for=1), jobs.grab("t", lock_for=1)]
     assert sorted(j.handle for j in taken if j is not None) == sorted([first, second])
+
+
+def test_args_written_by_other_hands_read_back(db: homing.Database) -> None:
+    """A grab reads args through the JSON scanner directly; text with spaces around it,
+    as another program may write into the column, still reads back, and a batch insert
+    of many rows (several statements on SQLite) keeps every job and its order."""
+    handle = db.insert("spaced", {"a": 1})
+    with db.transaction() as tx:
+        tx.connection.execute(
+            "UPDATE homing_jobs SET args = "
+            + ("%s" if db.dialect == "postgres" else "?")
+            + " WHERE id = "
+            + ("%s" if db.dialect == "postgres" else "?"),
+            (' {"a" : [1, "x"] } ', handle),
+        )
+    job = db.grab("spaced", lock_for=5)
+    assert job is not None and job.args == {"a": [1, "x"]}
+    handles = db.insert_many([("many", {"i": i, "s": "é\"\\"}) for i in range(250)])
+    assert len(set(handles)) == 250
+    got = db.grab_many("many", lock_for=5, limit=300)
+    assert [j.args["i"] for j in got] == list(range(250))
+    assert {j.args["s"] for j in got} == {"é\"\\"}

@@ -74,6 +74,25 @@ def test_uuid7_is_time_ordered_and_unique() -> None:
     assert all(i[14] == "7" for i in ids[:10])
 
 
+def test_uuid7_many_continues_one_ordered_sequence_in_rfc_9562_form() -> None:
+    """Batches and single ids interleaved stay ordered and unique, through counter
+    overflows (more than 4,096 ids in one millisecond borrow the next one)."""
+    import uuid
+
+    from homing import ids
+
+    made: list[str] = []
+    for k in range(3_000):
+        made += ids.uuid7_many(k % 9 + 1) if k % 2 else [homing.uuid7()]
+    made += ids.uuid7_many(20_000)  # overflows the 12-bit counter several times
+    assert made == sorted(made) and len(set(made)) == len(made)
+    for text in made[::7]:
+        parsed = uuid.UUID(text)
+        assert (parsed.version, parsed.variant, str(parsed)) == (7, uuid.RFC_4122, text)
+        assert ids.is_uuid(text)
+    assert ids.uuid7_many(0) == []
+
+
 def test_uuid7_in_a_forked_child_never_repeats_the_parents_random_bits() -> None:
     """ids draw random bytes from a per-process pool; a child must not inherit it."""
     import os

@@ -150,6 +150,9 @@ class JobOps:
         now = self.store.clock.now()
         out = []
         limit = self.max_args_bytes
+        if not isinstance(items, list | tuple):
+            items = list(items)
+        fresh = iter(ids.uuid7_many(len(items)))  # ids made in one go: one lock, one clock
         for item in items:
             after: tuple[str, ...] = ()
             if type(item) is tuple and len(item) == 2:  # (type, args): no JobSpec round
@@ -164,7 +167,7 @@ class JobOps:
                 )  # fmt: skip
             out.append(  # positional: keywords cost a measurable share of a batch insert
                 q.NewJob(
-                    ids.uuid7(),
+                    next(fresh),
                     check_type(name),
                     encode_args(args, limit),
                     check_priority(priority),

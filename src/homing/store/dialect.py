@@ -50,6 +50,9 @@ SET_LEASE = (
     "state = 'running', attempts = attempts + 1, lease_token = ?, lease_expires_at = ?, "
     "available_at = ?, holder_host = ?, holder_pid = ?, holder_worker = ?, batch_id = NULL"
 )
+# The same for jobs picked as ready and not staged, whose batch_id is NULL already (setting
+# it anyway makes SQLite visit the staged-job indexes on every lease).
+SET_LEASE_READY = SET_LEASE.removesuffix(", batch_id = NULL")
 
 
 class SqlDialect:

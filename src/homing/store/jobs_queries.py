@@ -36,6 +36,21 @@ JOB_COLUMNS = (
     "timeout_s",
 )
 _COLS = ", ".join(JOB_COLUMNS)
+# What a grab returns: what a Job is made of, and seq for its order. The other columns
+# (holder, finish, error) would travel back for every job leased, unread.
+GRAB_COLUMNS = (
+    "id",
+    "type",
+    "args",
+    "priority",
+    "run_at",
+    "attempts",
+    "unique_key",
+    "created_at",
+    "seq",
+    "timeout_s",
+)
+_GRAB_COLS = ", ".join(GRAB_COLUMNS)
 _J_COLS = ", ".join(f"j.{c}" for c in JOB_COLUMNS)
 
 
@@ -55,8 +70,8 @@ class NewJob(NamedTuple):
     release_at: float | None = None  # the run_at a job with dependencies gets when released
 
 
-def _row(tx: Tx, values: Sequence[Any]) -> dict[str, Any]:
-    row = dict(zip(JOB_COLUMNS, values, strict=False))
+def _row(tx: Tx, values: Sequence[Any], columns: Sequence[str] = JOB_COLUMNS) -> dict[str, Any]:
+    row = dict(zip(columns, values, strict=False))
     row["args"] = tx.sql.load_json(row["args"])
     return row
 
@@ -211,15 +226,15 @@ def grab_jobs(
         expired_after=low,
         idle_channel=idle_channel,
     )
-    rows = tx.sql.grab(tx, request, _COLS)
+    rows = tx.sql.grab(tx, request, _GRAB_COLS)
     if marks is not None:
         # filled by any rows (ready ones too): then an expired lease may have lost its place
         # to a ready job of the same priority, so the mark must not pass it
         marks.advance(key, now, low, filled=len(rows) >= limit)
     if len(rows) < limit:
-        rows += tx.sql.grab_staged(tx, replace(request, limit=limit - len(rows)), _COLS)
-    n = len(JOB_COLUMNS)
-    result = [_row(tx, values[:n]) for values in rows]
+        rows += tx.sql.grab_staged(tx, replace(request, limit=limit - len(rows)), _GRAB_COLS)
+    n = len(GRAB_COLUMNS)
+    result = [_row(tx, values[:n], GRAB_COLUMNS) for values in rows]
     result.sort(key=lambda r: (-r["priority"], r["seq"]))
     return result
 
