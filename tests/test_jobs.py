@@ -531,3 +531,29 @@ def test_args_written_by_other_hands_read_back(db: homing.Database) -> None:
     got = db.grab_many("many", lock_for=5, limit=300)
     assert [j.args["i"] for j in got] == list(range(250))
     assert {j.args["s"] for j in got} == {"é\"\\"}
+
+
+@pytest.mark.parametrize("backend", ["postgres"])  # the backend with notifications
+def test_an_insert_broadcasts_only_while_someone_listens(db: homing.Database) -> None:
+    """A NOTIFY serialises the commits of every producer, so an insert sends the jobs
+    channel's broadcast only when a listener (``wait_for_jobs``, ``wakeup``) has registered
+    in the last minute; a session that LISTENs without registering sees the difference."""
+    import psycopg
+    from psycopg import sql as pgsql
+
+    channel = db.store.notify_channel("homing_jobs")  # type: ignore[attr-defined]
+    with psycopg.connect(db.store._listen_conninfo, autocommit=True) as spy:  # type: ignore[attr-defined]
+        spy.execute(pgsql.SQL("LISTEN {}").format(pgsql.Identifier(channel)))
+        db.insert("t", 1)
+        db.insert_many([("t", 2), ("t", 3)])
+        assert list(spy.notifies(timeout=0.5, stop_after=1)) == []  # nobody registered
+        assert db.wait_for_jobs(0) is False  # starts (and registers) this store's listener
+        db.insert("t", 4)
+        assert [n.channel for n in spy.notifies(timeout=5, stop_after=1)] == [channel]
+        assert db.wait_for_jobs(5) is True
+        db.insert_many([("t", 5), ("t", 6)])
+        assert [n.channel for n in spy.notifies(timeout=5, stop_after=1)] == [channel]
+        with db.transaction() as tx:  # as if the listener had died a while ago
+            tx.connection.execute("UPDATE homing_listeners SET since = since - 120")
+        db.insert("t", 7)
+        assert list(spy.notifies(timeout=0.5, stop_after=1)) == []

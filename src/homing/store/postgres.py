@@ -15,7 +15,12 @@ from urllib.parse import quote, urlencode
 from homing.clock import Clock, SystemClock
 from homing.errors import ConfigurationError, StoreUnavailable, StoreUnreachable
 from homing.store._common import TxSlot, parse_bool, split_url
-from homing.store.postgres_sql import PostgresSql
+from homing.store.postgres_sql import (
+    LISTENER_REFRESH_S,
+    REGISTER_LISTENER,
+    UNREGISTER_LISTENER,
+    PostgresSql,
+)
 from homing.store.protocol import Capabilities, Dialect, Tx, Wakeup
 from homing.store.wakeup import NotifyWakeup
 
@@ -76,15 +81,29 @@ class _Listener:
             try:
                 with psycopg.connect(self._conninfo, autocommit=True) as conn:
                     conn.execute(pgsql.SQL("LISTEN {}").format(pgsql.Identifier(self._channel)))
+                    due = self._register(conn)
                     self._ready.set()
                     while not self._stop:
                         for _ in conn.notifies(timeout=0.5, stop_after=1):
                             with self._cond:
                                 self._generation += 1
                                 self._cond.notify_all()
+                        if time.monotonic() >= due:
+                            due = self._register(conn)
+                    conn.execute(UNREGISTER_LISTENER, (self._channel,))
             except psycopg.Error:
                 self._ready.set()
                 time.sleep(0.5)  # the server went away: poll instead, reconnect soon
+
+    def _register(self, conn: Any) -> float:
+        """Record this session as a listener of the channel (inserts skip their NOTIFY
+        when nobody listens); returns when to refresh it. Before the store is migrated the
+        table is missing: tried again within a second."""
+        try:
+            conn.execute(REGISTER_LISTENER, (self._channel,))
+        except psycopg.errors.UndefinedTable:
+            return time.monotonic() + 1.0
+        return time.monotonic() + LISTENER_REFRESH_S
 
     def wait(self, timeout: float) -> bool:
         """Wait for a notification. A thread that waits again also wakes at once for one

@@ -36,6 +36,25 @@ _WAKE_IDLE = (
 )
 
 
+# Listeners (see migrations/jobs.py, version 7): a registration older than this is a
+# listener that died; the live ones refresh theirs every LISTENER_REFRESH_S. Server time on
+# both sides, so that a client's clock (or a test's manual clock) does not enter into it.
+LISTENER_REFRESH_S = 15.0
+LISTENER_STALE_S = 60.0
+_LISTENING = (
+    f"EXISTS (SELECT 1 FROM homing_listeners WHERE channel = ? AND since > "
+    f"extract(epoch FROM statement_timestamp()) - {LISTENER_STALE_S:g})"
+)
+REGISTER_LISTENER = (
+    "INSERT INTO homing_listeners (channel, backend, since) VALUES (%s, pg_backend_pid(), "
+    "extract(epoch FROM clock_timestamp())) ON CONFLICT (channel, backend) "
+    "DO UPDATE SET since = excluded.since"
+)
+UNREGISTER_LISTENER = (
+    "DELETE FROM homing_listeners WHERE channel = %s AND backend = pg_backend_pid()"
+)
+
+
 # A JSON string literal, by the json module's C encoder (json.dumps would take its whole
 # encoder machinery per call: four calls per job of a batch insert).
 _jstr = json.encoder.encode_basestring
@@ -70,10 +89,12 @@ class PostgresSql(SqlDialect):
         return bool(row and row[0])
 
     def announce_jobs(self, tx: Tx, channel: str, count: int) -> None:
+        full = tx.store.notify_channel(channel)  # type: ignore[attr-defined]
         tx.execute(
             f"WITH {_WAKE_IDLE.format(count='?', only_if='')} "
-            "SELECT pg_notify(?, ?) UNION ALL SELECT pg_notify(channel, '') FROM woken",
-            (count, tx.store.notify_channel(channel), str(count)),  # type: ignore[attr-defined]
+            f"SELECT pg_notify(?, ?) WHERE {_LISTENING} "
+            "UNION ALL SELECT pg_notify(channel, '') FROM woken",
+            (count, full, str(count), full),
         )
 
     def json_text(self, expr: str) -> str:
@@ -163,13 +184,14 @@ class PostgresSql(SqlDialect):
         full = tx.store.notify_channel(channel)  # type: ignore[attr-defined]
         # The wake-up rides in the same statement, only when something was inserted: as many
         # idle workers as jobs were inserted (each on its own channel), and the listeners of
-        # the jobs channel (Database.wait_for_jobs).
+        # the jobs channel (Database.wait_for_jobs) if there are any (a NOTIFY serialises
+        # the commits of all producers: see migrations/jobs.py, version 7).
         announce = (
             ", "
             + _WAKE_IDLE.format(
                 count="(SELECT count(*) FROM ins)", only_if=" AND EXISTS (SELECT 1 FROM ins)"
             )
-            + " SELECT pg_notify(?, ?) WHERE EXISTS (SELECT 1 FROM ins) "
+            + f" SELECT pg_notify(?, ?) WHERE EXISTS (SELECT 1 FROM ins) AND {_LISTENING} "
             "UNION ALL SELECT pg_notify(channel, '') FROM woken"
         )
         if len(rows) == 1:
@@ -178,7 +200,7 @@ class PostgresSql(SqlDialect):
                 f"WITH ins AS (INSERT INTO homing_jobs ({_INSERT_COLS}) "
                 "VALUES (?, ?, ?::jsonb, ?, 'ready', ?, ?, ?, ?, ?) "
                 f"ON CONFLICT DO NOTHING RETURNING 1){announce}",
-                (r[0], r[1], r[2], r[3], r[4], r[4], r[5], r[6], r[7], full, "1"),
+                (r[0], r[1], r[2], r[3], r[4], r[4], r[5], r[6], r[7], full, "1", full),
             )
             return
         # One JSON parameter for the batch: encoded in C, unpacked by the server. The args
@@ -198,7 +220,7 @@ class PostgresSql(SqlDialect):
             "(e->>4)::float8, e->>5, e->>6, (e->>7)::float8 "
             "FROM jsonb_array_elements(?::jsonb) AS e "
             f"ON CONFLICT DO NOTHING RETURNING 1){announce}",
-            (doc, full, str(len(rows))),
+            (doc, full, str(len(rows)), full),
         )
 
     def grab(self, tx: Tx, g: GrabRequest, columns: str) -> list[tuple[Any, ...]]:

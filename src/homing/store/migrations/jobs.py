@@ -202,6 +202,17 @@ _STAGED_READY = (
     "WHERE batch_id IS NOT NULL AND state = 'ready'"
 )
 
+# Version 7: the sessions that LISTEN on a channel (one row per channel and backend,
+# refreshed by the listener while it listens). An insert broadcasts on the jobs channel
+# only when a listener is registered: a transaction that NOTIFYs takes a database-wide
+# lock from its commit until the commit is flushed, so every producer's commit waited for
+# the others' flushes (4 producer processes: 1.3-1.5x more inserts/s without it).
+# Unlogged on PostgreSQL (listeners register again within seconds); unused on SQLite.
+_LISTENERS = (
+    "homing_listeners (channel TEXT NOT NULL, backend INTEGER NOT NULL, since {real} NOT NULL, "
+    "PRIMARY KEY (channel, backend))"
+)
+
 MIGRATIONS: list[Migration] = [
     Migration(1, "jobs", _SQLITE, _POSTGRES),
     Migration(2, "ready_index", _V2_SQLITE, _V2_POSTGRES),
@@ -221,4 +232,10 @@ MIGRATIONS: list[Migration] = [
         (_DEPS.format(real="DOUBLE PRECISION"),),
     ),
     Migration(6, "staged_ready_index", (_STAGED_READY,), (_STAGED_READY,)),
+    Migration(
+        7,
+        "listeners",
+        ("CREATE TABLE " + _LISTENERS.format(real="REAL"),),
+        ("CREATE UNLOGGED TABLE " + _LISTENERS.format(real="DOUBLE PRECISION"),),
+    ),
 ]
