@@ -97,11 +97,14 @@ class _Listener:
 
     def _register(self, conn: Any) -> float:
         """Record this session as a listener of the channel (inserts skip their NOTIFY
-        when nobody listens); returns when to refresh it. Before the store is migrated the
-        table is missing: tried again within a second."""
+        when nobody listens); returns when to refresh it. A registration refused (the store
+        is not migrated yet, a role that may not write) is tried again within a second;
+        listening goes on meanwhile. A lost connection is the caller's (reconnect)."""
         try:
             conn.execute(REGISTER_LISTENER, (self._channel,))
-        except psycopg.errors.UndefinedTable:
+        except psycopg.Error:
+            if conn.broken:
+                raise
             return time.monotonic() + 1.0
         return time.monotonic() + LISTENER_REFRESH_S
 
