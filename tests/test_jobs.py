@@ -5,6 +5,7 @@ offers (its transactions, a global priority order) use the `db` fixture."""
 from __future__ import annotations
 
 import math
+import time
 from datetime import UTC, datetime
 
 import pytest
@@ -557,3 +558,32 @@ def test_an_insert_broadcasts_only_while_someone_listens(db: homing.Database) ->
             tx.connection.execute("UPDATE homing_listeners SET since = since - 120")
         db.insert("t", 7)
         assert list(spy.notifies(timeout=0.5, stop_after=1)) == []
+
+
+@pytest.mark.parametrize("backend", ["postgres"])  # the backend with notifications
+def test_a_listener_registers_while_it_listens_and_leaves_with_its_store(
+    db: homing.Database, store_url: str
+) -> None:
+    """The listener registry stays bounded: a store's listener unregisters when the store
+    closes, and ``gc`` deletes what a killed process left behind."""
+
+    def registered() -> int:
+        with db.transaction() as tx:
+            row = tx.connection.execute("SELECT count(*) FROM homing_listeners").fetchone()
+        return int(row[0])
+
+    other = homing.connect(store_url)
+    assert isinstance(other, homing.Database)
+    other.wait_for_jobs(0)
+    assert registered() == 1
+    other.close()
+    deadline = time.monotonic() + 10
+    while registered() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert registered() == 0
+    with db.transaction() as tx:  # what a SIGKILLed listener leaves: a row nobody refreshes
+        tx.connection.execute(
+            "INSERT INTO homing_listeners (channel, backend, since) VALUES ('x', 1, 0)"
+        )
+    db.gc()
+    assert registered() == 0
