@@ -527,11 +527,11 @@ def test_args_written_by_other_hands_read_back(db: homing.Database) -> None:
         )
     job = db.grab("spaced", lock_for=5)
     assert job is not None and job.args == {"a": [1, "x"]}
-    handles = db.insert_many([("many", {"i": i, "s": "é\"\\"}) for i in range(250)])
+    handles = db.insert_many([("many", {"i": i, "s": 'é"\\'}) for i in range(250)])
     assert len(set(handles)) == 250
     got = db.grab_many("many", lock_for=5, limit=300)
     assert [j.args["i"] for j in got] == list(range(250))
-    assert {j.args["s"] for j in got} == {"é\"\\"}
+    assert {j.args["s"] for j in got} == {'é"\\'}
 
 
 @pytest.mark.parametrize("backend", ["postgres"])  # the backend with notifications
