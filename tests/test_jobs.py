@@ -425,6 +425,63 @@ def test_staged_batch_becomes_visible_at_commit(db: homing.Database, clock: Manu
     db.complete(job)
 
 
+def _stage(db: homing.Database, batch: str, n: int, *, commit: bool) -> None:
+    from homing.store import jobs_queries as q
+
+    now = db.clock.now()
+    with db.store.transaction() as tx:
+        q.open_batch(tx, batch, now=now)
+        for _ in range(n):
+            args = "?::jsonb" if tx.dialect == "postgres" else "?"
+            tx.execute(
+                "INSERT INTO homing_jobs (id, type, args, state, run_at, available_at, "
+                f"created_at, batch_id) VALUES (?, 'kid', {args}, 'ready', ?, ?, ?, ?)",
+                (homing.uuid7(), "{}", now, now, now, batch),
+            )
+        if commit:
+            q.commit_batch(tx, batch, now=now)
+
+
+def test_a_grab_finds_the_staged_jobs_left_among_many_drained_batches(
+    db: homing.Database,
+) -> None:
+    """Committed batches stay in the store for the retention after their jobs were all
+    taken (a Spark stream commits one per micro-batch); a grab must neither miss the ones
+    that still hold jobs nor take an uncommitted batch's, and on SQLite the work of a grab
+    that does not fill its limit must not grow with the drained ones (it read them all:
+    10 ms a grab at 5,000)."""
+    from homing.store import jobs_queries as q
+
+    def work_of_an_empty_grab() -> int:
+        if db.dialect != "sqlite":
+            return 0
+        steps = [0]
+        with db.store.transaction() as tx:
+            conn = tx.connection  # this thread's connection: the grab below uses it
+        conn.set_progress_handler(lambda: steps.__setitem__(0, steps[0] + 1) or 0, 10)
+        try:
+            assert db.grab_many("kid", lock_for=5, limit=10) == []
+        finally:
+            conn.set_progress_handler(None, 10)
+        return steps[0]
+
+    baseline = work_of_an_empty_grab()
+    now = db.clock.now()
+    with db.store.transaction() as tx:
+        for i in range(3_000):
+            q.open_batch(tx, f"drained-{i:05d}", now=now)
+            q.commit_batch(tx, f"drained-{i:05d}", now=now)
+    if db.dialect == "sqlite":
+        assert work_of_an_empty_grab() <= 2 * baseline + 10, baseline
+    _stage(db, "late-open", 2, commit=False)
+    _stage(db, "late-committed", 3, commit=True)
+    _stage(db, "drained-00000x", 1, commit=True)
+    got = db.grab_many("kid", lock_for=5, limit=10)
+    assert len(got) == 4
+    assert db.grab_many("kid", lock_for=5, limit=10) == []
+    db.complete_many(got)
+
+
 @pytest.mark.parametrize(
     "call, message",
     [

@@ -29,6 +29,22 @@ _ROWS_PER_INSERT = 100
 _HOLDER = "seq, state, holder_host, holder_pid, holder_worker, lease_expires_at"
 
 
+# The committed batches that still hold ready jobs, found by skipping through the index of
+# ready staged jobs one batch at a time (a loose index scan): every committed batch stays
+# in homing_job_batches for the retention (a re-run of its Spark write must find it), and
+# reading them all made each grab that did not fill its limit cost 2 ms at 1,000 batches
+# and 10 ms at 5,000 (Spark streams commit one batch per micro-batch).
+_BATCHES_WITH_READY_JOBS = (
+    "WITH RECURSIVE b(id) AS (SELECT (SELECT batch_id FROM homing_jobs "
+    "WHERE batch_id IS NOT NULL AND state = 'ready' ORDER BY batch_id LIMIT 1) "
+    "UNION ALL SELECT (SELECT batch_id FROM homing_jobs WHERE batch_id IS NOT NULL "
+    "AND batch_id > b.id AND state = 'ready' ORDER BY batch_id LIMIT 1) FROM b "
+    "WHERE b.id IS NOT NULL) "
+    "SELECT b.id FROM b JOIN homing_job_batches k ON k.batch_id = b.id "
+    "WHERE k.state = 'committed'"
+)
+
+
 def _marks(n: int) -> str:
     return ", ".join("?" * n)
 
@@ -229,10 +245,7 @@ class SqliteSql(SqlDialect):
         # One ordered scan of homing_jobs_staged_ready per committed batch and type, each
         # stopping at the limit, merged here: `batch_id IN (...)` sorted every job of every
         # committed batch on each grab.
-        batches = [
-            r[0]
-            for r in tx.query("SELECT batch_id FROM homing_job_batches WHERE state = 'committed'")
-        ]
+        batches = [r[0] for r in tx.query(_BATCHES_WITH_READY_JOBS)]
         candidates: list[tuple[Any, ...]] = []
         for batch in batches:
             for job_type in g.types:
