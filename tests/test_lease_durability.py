@@ -67,3 +67,25 @@ def test_a_lease_after_close_is_refused(stores: object) -> None:
     db.close()
     with pytest.raises(homing.StoreUnavailable):
         db.grab("job", lock_for=5)
+
+
+@pytest.mark.parametrize("backend", ["postgres"])  # plans are PostgreSQL's
+def test_a_one_job_grab_is_planned_once_not_at_every_call(db: homing.Database) -> None:
+    """The grab is one large statement; for a grab of one job the server judged each
+    custom plan cheaper than the generic one and planned it again at every call (four
+    times the statement's own run). The lease sessions keep one generic plan; the main
+    pool, where the application's own statements run too, keeps the server's default."""
+    db.insert_many([("t", {"i": i}) for i in range(30)])
+    with db.store.statement(durable=False) as tx:  # the grabs below join this session
+        for _ in range(40):
+            jobs = db.grab_many("t", lock_for=30, limit=1)
+            if jobs:
+                db.complete(jobs[0])
+        rows = tx.query(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+            "WHERE statement LIKE '%homing_job_failures%'"
+        )
+    assert rows and sum(r[1] for r in rows) == 0 and sum(r[0] for r in rows) >= 30, rows
+    with db.store.statement(durable=True) as tx:
+        row = tx.query_one("SELECT current_setting('plan_cache_mode')")
+    assert row is not None and row[0] == "auto"
