@@ -400,31 +400,6 @@ def test_stats_counts_states(jobs: JobAPI, clock: ManualClock) -> None:
     assert rows["b"]["ready"] == 1
 
 
-def test_staged_batch_becomes_visible_at_commit(db: homing.Database, clock: ManualClock) -> None:
-    from homing.store import jobs_queries as q
-
-    now = db.clock.now()
-    with db.store.transaction() as tx:
-        assert q.open_batch(tx, "b1", now=now) == "open"
-        tx.execute(
-            "INSERT INTO homing_jobs (id, type, args, state, run_at, available_at, created_at, batch_id) "
-            + (
-                "VALUES (?, 'kid', ?::jsonb, 'ready', ?, ?, ?, 'b1')"
-                if tx.dialect == "postgres"
-                else "VALUES (?, 'kid', ?, 'ready', ?, ?, ?, 'b1')"
-            ),
-            (homing.uuid7(), "{}", now, now, now),
-        )
-    assert db.grab("kid", lock_for=5) is None
-    assert db.stats()[0]["staged"] == 1
-    with db.store.transaction() as tx:
-        assert q.commit_batch(tx, "b1", now=now) is True
-        assert q.commit_batch(tx, "b1", now=now) is False
-    job = db.grab("kid", lock_for=5)
-    assert job is not None
-    db.complete(job)
-
-
 def _stage(db: homing.Database, batch: str, n: int, *, commit: bool) -> None:
     from homing.store import jobs_queries as q
 
@@ -440,6 +415,23 @@ def _stage(db: homing.Database, batch: str, n: int, *, commit: bool) -> None:
             )
         if commit:
             q.commit_batch(tx, batch, now=now)
+
+
+def test_staged_batch_becomes_visible_at_commit(db: homing.Database, clock: ManualClock) -> None:
+    from homing.store import jobs_queries as q
+
+    now = db.clock.now()
+    with db.store.transaction() as tx:
+        assert q.open_batch(tx, "b1", now=now) == "open"
+    _stage(db, "b1", 1, commit=False)
+    assert db.grab("kid", lock_for=5) is None
+    assert db.stats()[0]["staged"] == 1
+    with db.store.transaction() as tx:
+        assert q.commit_batch(tx, "b1", now=now) is True
+        assert q.commit_batch(tx, "b1", now=now) is False
+    job = db.grab("kid", lock_for=5)
+    assert job is not None
+    db.complete(job)
 
 
 def test_a_grab_finds_the_staged_jobs_left_among_many_drained_batches(
@@ -641,6 +633,8 @@ def test_a_listener_registers_while_it_listens_and_leaves_with_its_store(
 
     other = homing.connect(store_url)
     assert isinstance(other, homing.Database)
+    other.store.wakeup("homing_jobs_w_idle")  # a worker's own channel: nothing asks for it
+    assert registered() == 0
     other.wait_for_jobs(0)
     assert registered() == 1
     other.close()

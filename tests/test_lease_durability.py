@@ -89,3 +89,57 @@ def test_a_one_job_grab_is_planned_once_not_at_every_call(db: homing.Database) -
     with db.store.statement(durable=True) as tx:
         row = tx.query_one("SELECT current_setting('plan_cache_mode')")
     assert row is not None and row[0] == "auto"
+
+
+@pytest.mark.parametrize("backend", ["postgres"])  # plans are PostgreSQL's
+def test_the_generic_plan_of_a_grab_reads_no_table_whole(db: homing.Database) -> None:
+    """A generic plan does not know the grab's limit (the planner guesses a tenth of the
+    candidates): with 20,000 staged jobs waiting it hashed all of homing_jobs to lease 10
+    of them (25 ms a grab; the lease sessions use generic plans). The lease joins its
+    picks by key, so the plan must not scan homing_jobs."""
+    import time as _time
+
+    import psycopg
+
+    from homing.store import jobs_queries as q
+
+    now = db.clock.now()
+    with db.store.transaction() as tx:
+        q.open_batch(tx, "big", now=now)
+        tx.execute(
+            "INSERT INTO homing_jobs (id, type, args, state, run_at, available_at, created_at, "
+            "batch_id) SELECT gen_random_uuid()::text, 'kid', '{}'::jsonb, 'ready', ?, ?, ?, "
+            "'big' FROM generate_series(1, 20000)",
+            (now, now, now),
+        )
+        q.commit_batch(tx, "big", now=now)
+        tx.execute("ANALYZE homing_jobs")
+
+    class Capture:
+        def __init__(self, tx: object) -> None:
+            self.real = tx
+            self.sql, self.store, self.dialect = tx.sql, tx.store, tx.dialect  # type: ignore[attr-defined]
+            self.statements: list[tuple[str, list[object]]] = []
+
+        def query(self, sql: str, params: object = ()) -> list[object]:
+            self.statements.append((self.real._sql(sql), list(params)))  # type: ignore[attr-defined,call-overload]
+            return []
+
+        execute = query
+
+    with db.store.transaction() as tx:
+        cap = Capture(tx)
+        lease = q.Lease("tok", _time.time() + 60, "h", 1, "w")
+        q.grab_jobs(cap, ["kid"], now=now + 1, lease=lease, limit=10, where=None)  # type: ignore[arg-type]
+    sql, params = cap.statements[0]
+    numbered = sql.split("%s")
+    prepared = "".join(f"{part}${i}" for i, part in enumerate(numbered[:-1], 1)) + numbered[-1]
+    conninfo = db.store._listen_conninfo  # type: ignore[attr-defined]
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        conn.execute(f"PREPARE grab AS {prepared}")
+        values = ", ".join(psycopg.sql.Literal(p).as_string(conn) for p in params)
+        plan = "\n".join(
+            str(r[0]) for r in conn.execute(f"EXPLAIN EXECUTE grab({values})").fetchall()
+        )
+    assert "Seq Scan on homing_jobs" not in plan, plan

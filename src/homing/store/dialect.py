@@ -71,6 +71,10 @@ class SqlDialect:
     def notify(self, tx: Tx, channel: str) -> None:
         """Announce work on ``channel`` at commit (no-op where nobody listens)."""
 
+    def forget_dead_listeners(self, tx: Tx, *, older_than: float) -> None:
+        """Delete listener registrations not refreshed for ``older_than`` seconds (their
+        process died); nothing where nobody listens."""
+
     def announce_jobs(self, tx: Tx, channel: str, count: int) -> None:
         """Announce ``count`` new jobs at commit: wake that many idle workers, and the
         listeners of ``channel`` (no-op where nobody listens)."""

@@ -397,10 +397,8 @@ def gc(tx: Tx, *, finished_before: float) -> int:
         "DELETE FROM homing_idle_workers WHERE since < ?",
         (tx.store.clock.now() - IDLE_FORGOTTEN_AFTER_S,),
     )
-    tx.execute(  # listeners that died without unregistering (live ones refresh theirs)
-        "DELETE FROM homing_listeners WHERE since < ?",
-        (tx.store.clock.now() - IDLE_FORGOTTEN_AFTER_S,),
-    )
+    # listeners that died without unregistering (live ones refresh theirs)
+    tx.sql.forget_dead_listeners(tx, older_than=IDLE_FORGOTTEN_AFTER_S)
     tx.execute(
         "DELETE FROM homing_job_batches WHERE state <> 'open' AND created_at < ? AND NOT EXISTS "
         "(SELECT 1 FROM homing_jobs j WHERE j.batch_id = homing_job_batches.batch_id)",

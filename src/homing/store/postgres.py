@@ -16,6 +16,7 @@ from homing.clock import Clock, SystemClock
 from homing.errors import ConfigurationError, StoreUnavailable, StoreUnreachable
 from homing.store._common import TxSlot, parse_bool, split_url
 from homing.store.postgres_sql import (
+    GATED_CHANNELS,
     LISTENER_REFRESH_S,
     REGISTER_LISTENER,
     UNREGISTER_LISTENER,
@@ -62,9 +63,10 @@ def parse_postgres_url(url: str) -> tuple[str, dict[str, str]]:
 class _Listener:
     """One LISTEN connection per store; wakes every waiter when its channel is notified."""
 
-    def __init__(self, conninfo: str, channel: str) -> None:
+    def __init__(self, conninfo: str, channel: str, *, register: bool) -> None:
         self._conninfo = conninfo
         self._channel = channel
+        self._registers = register  # a channel whose announcements ask who listens
         self._cond = threading.Condition()
         self._generation = 0
         self._seen = threading.local()
@@ -81,7 +83,7 @@ class _Listener:
             try:
                 with psycopg.connect(self._conninfo, autocommit=True) as conn:
                     conn.execute(pgsql.SQL("LISTEN {}").format(pgsql.Identifier(self._channel)))
-                    due = self._register(conn)
+                    due = self._register(conn) if self._registers else float("inf")
                     self._ready.set()
                     while not self._stop:
                         for _ in conn.notifies(timeout=0.5, stop_after=1):
@@ -90,7 +92,8 @@ class _Listener:
                                 self._cond.notify_all()
                         if time.monotonic() >= due:
                             due = self._register(conn)
-                    conn.execute(UNREGISTER_LISTENER, (self._channel,))
+                    if self._registers:
+                        conn.execute(UNREGISTER_LISTENER, (self._channel,))
             except psycopg.Error:
                 self._ready.set()
                 time.sleep(0.5)  # the server went away: poll instead, reconnect soon
@@ -136,7 +139,8 @@ class _Listener:
 # claims): no WAL flush of their own (see statement), and one generic plan per prepared
 # statement. The grab is one large statement whose planning costs more than its run; for
 # a grab of one job the server judged every custom plan cheaper than the generic one and
-# planned it again at every call (567 us an empty grab, 137 us with the generic plan).
+# planned it again at every call (478 us an empty grab, 110 us with the generic plan:
+# bench/grab_cases.py).
 # Generic plans follow the tables' growth through _Replanner.
 _LEASE_SETTINGS = ("-c synchronous_commit=off", "-c plan_cache_mode=force_generic_plan")
 
@@ -445,7 +449,9 @@ class PostgresStore:
         with self._listeners_lock:
             listener = self._listeners.get(full)
             if listener is None:
-                listener = self._listeners[full] = _Listener(self._listen_conninfo, full)
+                listener = self._listeners[full] = _Listener(
+                    self._listen_conninfo, full, register=channel in GATED_CHANNELS
+                )
         return listener.wait(timeout)
 
     def wakeup(self, channel: str, *, min_poll: float = 0.002, max_poll: float = 0.1) -> Wakeup:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from homing.store.dialect import SET_LEASE, STILL_RUNNING, GrabRequest, SqlDialect
+from homing.store.jobs_queries import JOBS_CHANNEL
 from homing.store.protocol import Tx
 
 _INSERT_COLS = (
@@ -53,6 +54,9 @@ REGISTER_LISTENER = (
 UNREGISTER_LISTENER = (
     "DELETE FROM homing_listeners WHERE channel = %s AND backend = pg_backend_pid()"
 )
+# The channels whose announcements ask whether anyone listens: only their listeners
+# register (a worker's idle channel, the HTTP and engine channels do not need to).
+GATED_CHANNELS = frozenset({JOBS_CHANNEL})
 
 
 # The batches that hold ready staged jobs, one index probe each (a loose index scan of
@@ -97,6 +101,14 @@ class PostgresSql(SqlDialect):
     def try_advisory_lock(self, tx: Tx, key: int) -> bool:
         row = tx.query_one("SELECT pg_try_advisory_xact_lock(?)", (key,))
         return bool(row and row[0])
+
+    def forget_dead_listeners(self, tx: Tx, *, older_than: float) -> None:
+        # the server's clock, as the registrations' (a client's clock may be a test's)
+        tx.execute(
+            "DELETE FROM homing_listeners WHERE since < "
+            "extract(epoch FROM statement_timestamp()) - ?",
+            (older_than,),
+        )
 
     def announce_jobs(self, tx: Tx, channel: str, count: int) -> None:
         full = tx.store.notify_channel(channel)  # type: ignore[attr-defined]
@@ -271,7 +283,8 @@ class PostgresSql(SqlDialect):
         # (LATERAL), each stopping at the limit: `batch_id IN (...)` made PostgreSQL read
         # and sort every job of every committed batch on each grab. Only the batches that
         # still hold ready jobs (staged_batches, a loose scan of that index): the drained
-        # ones stay for the retention, and probing each cost 5 ms a grab at 5,000. Their
+        # ones stay for the retention, and probing each cost 5.4 ms a grab at 5,000 (see
+        # bench/grab_cases.py). Their
         # state is looked up per batch (a subquery), not joined: the planner hashed the
         # whole table of batches for the join.
         staged = (
@@ -323,7 +336,10 @@ class PostgresSql(SqlDialect):
         return tx.query(
             f"{pick}, upd AS (UPDATE homing_jobs j SET "
             f"{SET_LEASE.replace('attempts + 1', 'j.attempts + 1')} "
-            f"FROM c WHERE j.seq = c.seq {_returning(columns)}), "
+            # the picks by key (= ANY) as well as joined: a generic plan guesses a tenth of
+            # the candidates for c and hashed all of homing_jobs for the join
+            f"FROM c WHERE j.seq = c.seq AND j.seq = ANY (ARRAY(SELECT seq FROM c)) "
+            f"{_returning(columns)}), "
             "hist AS (INSERT INTO homing_job_failures "
             "(job_id, attempt, at, kind, host, pid, worker, message) "
             "SELECT id, attempts - 1, ?, 'lease_expired', old_host, old_pid, old_worker, "

@@ -16,6 +16,7 @@ from homing.store.protocol import Tx
 
 _SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # compact JSON as written
 _MAX_VARS = 500  # bound variables per statement, well under SQLite's limit
+_MAX_VARS_OLD_SQLITE = 999  # SQLite's own limit before 3.32 (32,766 since)
 _INSERT_HEAD = (
     "INSERT INTO homing_jobs (id, type, args, priority, state, run_at, available_at, "
     "unique_key, parent_id, created_at) VALUES "
@@ -24,7 +25,8 @@ _INSERT_ROW = "(?, ?, ?, ?, 'ready', ?, ?, ?, ?, ?)"
 # Rows per INSERT statement (fewer where 999 bound values, the limit of SQLite builds
 # before 3.32, would not hold them). One statement of many rows instead of executemany: SQLite
 # writes the AUTOINCREMENT counter and runs the statement's set-up once per statement, not
-# once per row (an insert of 100 jobs 5.8 -> 3.4 us of CPU per job, measured on 3.40).
+# once per row (bench/results/api-cpu-968add9.txt: the batch path's CPU per job, with
+# the other changes of that commit).
 _ROWS_PER_INSERT = 100
 _HOLDER = "seq, state, holder_host, holder_pid, holder_worker, lease_expires_at"
 
@@ -32,8 +34,8 @@ _HOLDER = "seq, state, holder_host, holder_pid, holder_worker, lease_expires_at"
 # The committed batches that still hold ready jobs, found by skipping through the index of
 # ready staged jobs one batch at a time (a loose index scan): every committed batch stays
 # in homing_job_batches for the retention (a re-run of its Spark write must find it), and
-# reading them all made each grab that did not fill its limit cost 2 ms at 1,000 batches
-# and 10 ms at 5,000 (Spark streams commit one batch per micro-batch).
+# reading them all made each grab that did not fill its limit cost 1.9 ms at 1,000 batches
+# and 9.9 ms at 5,000 (Spark streams commit one batch per micro-batch; bench/grab_cases.py).
 _BATCHES_WITH_READY_JOBS = (
     "WITH RECURSIVE b(id) AS (SELECT (SELECT batch_id FROM homing_jobs "
     "WHERE batch_id IS NOT NULL AND state = 'ready' ORDER BY batch_id LIMIT 1) "
@@ -56,7 +58,7 @@ def _insert_rows(
     rows are inserted in order, as by executemany; at most 999 bound values a statement)."""
     if not rows:
         return
-    step = min(_ROWS_PER_INSERT, 999 // len(rows[0]))
+    step = min(_ROWS_PER_INSERT, _MAX_VARS_OLD_SQLITE // len(rows[0]))
     for start in range(0, len(rows), step):
         chunk = rows[start : start + step]
         values: list[Any] = []
@@ -77,8 +79,8 @@ class SqliteSql(SqlDialect):
         try:  # the C scanner straight away: json.loads adds two regex matches and a call
             obj, end = _SCAN(value, 0)
         except StopIteration:
-            end = -1
-        return obj if end == len(value) else json.loads(value)  # loads: the error, or spaces
+            return json.loads(value)  # raises the decoder's own error
+        return obj if end == len(value) else json.loads(value)  # spaces around it, or junk
 
     def in_list(self, column: str, values: Sequence[Any]) -> tuple[str, list[Any]]:
         return f"{column} IN ({_marks(len(values))})", list(values)
