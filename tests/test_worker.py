@@ -553,6 +553,43 @@ def test_on_complete_writes_are_dropped_with_a_lost_lease(
     assert effects(sdb) == Counter({j.id: 1 for j in jobs if j.handle != stolen.handle})
 
 
+def test_a_mixed_batch_of_outcomes_is_one_commit(sdb: homing.Database, open_db: Any) -> None:
+    """Plain completions and completions with on_complete writes in one batch share one
+    transaction (one commit, one fsync), and the plain completion of a lost lease is still
+    refused alone: reported lost, the others done, only their writes kept."""
+    from homing.worker.completer import write_outcomes
+    from homing.worker.outcome import Outcome
+
+    worker, jobs, contexts, stolen = _three_held_one_stolen(sdb, open_db)
+    plain = next(c for c in contexts if c.job.handle == stolen.handle)
+    for ctx in contexts:
+        if ctx is not plain:
+            ctx.on_complete(lambda tx, job_id=ctx.job.id: _effect_via(tx, job_id, 0))
+    opened = []
+    store = sdb.store
+    real_tx, real_stmt = store.transaction, store.statement
+
+    def counting(real: Any) -> Any:
+        def enter(*args: Any, **kw: Any) -> Any:
+            if store.in_transaction() is None:
+                opened.append(real.__name__)
+            return real(*args, **kw)
+
+        return enter
+
+    store.transaction = counting(real_tx)  # type: ignore[method-assign]
+    store.statement = counting(real_stmt)  # type: ignore[method-assign]
+    try:
+        write_outcomes(worker, [Outcome(ctx, "complete") for ctx in contexts])
+    finally:
+        del store.transaction, store.statement
+    assert opened == ["transaction"], opened  # before: a statement, then a transaction
+    assert worker.stats.done == 2 and worker.stats.lease_lost == 1
+    assert effects(sdb) == Counter({j.id: 1 for j in jobs if j.handle != stolen.handle})
+    states = {j.handle: sdb.details(j.handle).state for j in jobs}
+    assert states.pop(stolen.handle) == "running" and set(states.values()) == {"done"}
+
+
 def test_the_worker_runs_gc_on_its_own_schedule(sdb: homing.Database) -> None:
     """A deployment that only runs workers stays bounded: the worker's housekeeper deletes
     finished jobs past their retention (here: everything finished, retention 0)."""

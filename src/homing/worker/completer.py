@@ -1,11 +1,13 @@
 """The completer thread: writes the outcomes of handlers that did not write through
 ``ctx.connection``, many jobs per commit (group commit).
 
-Plain completions (no ``on_complete`` writes) of a batch go in one statement that commits
-by itself (``Database.complete_each``: one round trip on PostgreSQL); the refused ones
-(a lost lease) are reported as lost. Retries, failures and completions with
-``on_complete`` writes go in one transaction; if one of them is refused, the transaction
-is rolled back and the batch written job by job. A job counts as finished only after its
+A batch's completions go in one statement (``complete_each``: one round trip on
+PostgreSQL), which is not all-or-none: a refused one (a lost lease) is reported as lost
+and its ``on_complete`` writes are not made; the others stand. A batch of plain
+completions (no ``on_complete`` writes) is that statement alone, committing by itself; any
+other mix (retries, failures, ``on_complete`` writes) is one transaction, so one commit
+(one fsync) covers the whole batch. If an ``on_complete`` write fails, the transaction is
+rolled back and the batch written job by job. A job counts as finished only after its
 commit: nothing is acknowledged before it.
 """
 
@@ -46,17 +48,16 @@ def complete_outcomes(w: Worker) -> None:
 
 
 def write_outcomes(w: Worker, batch: list[Outcome]) -> None:
-    """Write a batch of outcomes, per shard: plain completions in one statement, the rest
-    in one transaction."""
+    """Write a batch of outcomes, per shard: plain completions alone in one statement that
+    commits by itself; any other mix in one transaction."""
     by_shard: dict[int, list[Outcome]] = {}
     for outcome in batch:
         by_shard.setdefault(w.shard_of(outcome.ctx.job), []).append(outcome)
     for items in by_shard.values():
-        plain = [o for o in items if o.action == "complete" and not o.ctx._on_complete]
-        if plain:
-            write_completions(w, plain)
-        if len(plain) < len(items):
-            write(w, [o for o in items if o.action != "complete" or o.ctx._on_complete])
+        if all(o.action == "complete" and not o.ctx._on_complete for o in items):
+            write_completions(w, items)
+        else:
+            write(w, items)
 
 
 def write_completions(w: Worker, items: list[Outcome]) -> None:
@@ -84,10 +85,11 @@ def write_completions(w: Worker, items: list[Outcome]) -> None:
 
 
 def write(w: Worker, items: list[Outcome]) -> None:
-    """Write a batch of outcomes in one transaction. Completions go in one statement
-    per lease (``complete_many``, all or none); if one of them is refused (a lost
-    lease), the transaction is rolled back and the batch written job by job, so the
-    others still count."""
+    """Write a batch of outcomes in one transaction (one commit for all of them). Its
+    completions go in one statement (``complete_each``): one whose lease was lost is
+    refused there, its ``on_complete`` writes are not made, and it is reported as lost,
+    while the others stand. If an ``on_complete`` write fails, the transaction is rolled
+    back and the batch written job by job, so the others still count."""
     items.sort(key=lambda o: o.ctx.job.id)  # one lock order: no deadlocks on PostgreSQL
     try:
         try:
@@ -117,11 +119,12 @@ def write_batch(w: Worker, items: list[Outcome], *, bulk: bool) -> None:
     for o in items:
         o.result = None
     with w.transaction_for(items[0].ctx.job) as tx:
-        completions = [o.ctx.job for o in items if o.action == "complete"]
+        completions = [o for o in items if o.action == "complete"]
         if bulk and completions:
-            tx.complete_many(completions)
-            for o in items:
-                if o.action == "complete" and o.ctx._on_complete:
+            refused = {j.id: exc for j, exc in tx.complete_each([o.ctx.job for o in completions])}
+            for o in completions:
+                o.result = refused.get(o.ctx.job.id)
+                if o.result is None and o.ctx._on_complete:
                     try:
                         o.ctx._run_on_complete(tx)
                     except Exception as exc:  # roll back; written one by one instead
