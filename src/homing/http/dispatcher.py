@@ -369,7 +369,7 @@ class Dispatcher:
             if isinstance(exc, RefusedAddress):  # no retry makes it safe
                 await self._db(self._fail_row, row, token, error, None)
             else:
-                await self._db(self._retry_row, row, token, error, None)
+                await self._retry(row, token, error, None)
             return
         status = resp.status_code
         if 200 <= status < 300:
@@ -410,8 +410,7 @@ class Dispatcher:
                 (status, resp.headers.get("content-type"), resp.content),
             )
             return
-        await self._db(
-            self._retry_row,
+        await self._retry(
             row,
             token,
             f"the receiver answered {status}",
@@ -461,13 +460,26 @@ class Dispatcher:
     def _retry_row(
         self, row: q.OutboxRow, token: str, error: str, retry_after: float | None
     ) -> None:
+        with self.db.store.transaction() as tx:
+            self._mark_retry(row, token, error, retry_after, tx)
+
+    async def _retry(
+        self, row: q.OutboxRow, token: str, error: str, retry_after: float | None
+    ) -> None:
+        """The row is due again later: written with the other outcomes of the moment in
+        one transaction (group commit), not a commit of its own."""
+        assert self._group is not None
+        await self._group.run(functools.partial(self._mark_retry, row, token, error, retry_after))
+
+    def _mark_retry(
+        self, row: q.OutboxRow, token: str, error: str, retry_after: float | None, tx: Tx
+    ) -> None:
         now = self.db.clock.now()
         at = now + self.retry.delay(row.attempts, retry_after)
         self.stats["retries"] += 1
-        with self.db.store.transaction() as tx:
-            q.mark_retry(tx, row.id, token, at=min(at, max(row.deadline, now)), error=error)
-            if self.endpoints.failed(tx, row.url, now=now, error=error):
-                log.warning("endpoint %s disabled: %s", row.url, error)
+        q.mark_retry(tx, row.id, token, at=min(at, max(row.deadline, now)), error=error)
+        if self.endpoints.failed(tx, row.url, now=now, error=error):
+            log.warning("endpoint %s disabled: %s", row.url, error)
 
     def _fail_row(
         self,
