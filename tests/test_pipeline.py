@@ -96,6 +96,52 @@ def test_the_check_sees_a_repeated_and_a_missing_effect(
     hooks.close()
 
 
+def test_a_run_refuses_to_start_beside_another_runs_unfinished_jobs(db: Any) -> None:
+    """Two runs on one store: the second's workers took the first's jobs and delivered
+    them to the second's receivers (seen: lost = 3,363, unexpected = 1,356). A run now
+    refuses to start beside unfinished jobs of another run, naming it; with
+    --discard-leftovers it cancels them (and nothing finished) and starts."""
+    import homing
+    from homing.errors import ConfigurationError
+    from homing.pipeline.run import _handle_leftovers
+
+    class Quiet:
+        said: list[str] = []
+
+        def print(self, text: str) -> None:
+            self.said.append(text)
+
+    cfg = PipelineConfig(db="the-store")
+    _handle_leftovers(db, cfg, Quiet())  # an empty store: nothing to say
+    db.insert_many(
+        [homing.JobSpec("ProcessNotification", {"run": "old", "n": n}) for n in range(4)]
+        + [homing.JobSpec("FiredEvent", {"run": "old", "event_id": 0})]
+        + [homing.JobSpec("ProcessNotification", {"run": "done", "n": 0})]
+        + [homing.JobSpec("Other", {"run": "old"})]
+    )
+    held = db.grab("ProcessNotification", lock_for=30)
+    finished = db.grab_many("ProcessNotification", lock_for=30, limit=10)
+    done = next(j for j in finished if j.args["run"] == "done")
+    db.complete(done)
+    for j in finished:
+        if j is not done:
+            db.release(j)
+    assert held is not None
+    with pytest.raises(ConfigurationError, match=r"another pipeline run: old \(5 jobs\)"):
+        _handle_leftovers(db, cfg, Quiet())
+    cfg.discard_leftovers = True
+    quiet = Quiet()
+    _handle_leftovers(db, cfg, quiet)
+    assert quiet.said == ["cancelled 5 unfinished jobs of earlier runs: old (5 jobs)"]
+    stats = {row["type"]: row for row in db.stats()}
+    assert stats["ProcessNotification"].get("ready", 0) == 0
+    assert db.details(done.handle).state == "done"
+    assert db.details(held.handle).state == "cancelled"
+    assert stats["Other"].get("ready") == 1  # not a pipeline job: not the run's to cancel
+    cfg.discard_leftovers = False
+    _handle_leftovers(db, cfg, Quiet())  # nothing left: starts
+
+
 def test_a_stopped_fleet_spawns_no_more_workers(tmp_path: Path) -> None:
     """The monitor thread respawns dead delivery workers; once the run stopped the fleet
     (a timeout, an error) a respawn racing the stop starts nothing: a timed-out run left

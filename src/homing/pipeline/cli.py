@@ -56,6 +56,12 @@ def pipeline() -> None:
     help="SIGKILL one Spark executor JVM while a replace is between its tasks' writes and "
     "its commit (needs a spark:// or local-cluster master).",
 )
+@click.option(
+    "--discard-leftovers",
+    is_flag=True,
+    help="Cancel the unfinished jobs of earlier runs in the store before starting (a run "
+    "refuses to start beside them). Only for runs that were stopped, not ones still going.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON too.")
 @click.option(
     "--dashboard",
@@ -81,6 +87,7 @@ def run(
     data_dir: Path,
     timeout: float,
     kill_executor: bool,
+    discard_leftovers: bool,
     as_json: bool,
     dashboard: str,
 ) -> None:
@@ -106,6 +113,7 @@ def run(
         data_dir=data_dir,
         timeout=timeout,
         kill_executor=kill_executor,
+        discard_leftovers=discard_leftovers,
     )
     dash = _start_dashboard(db, console) if dashboard != "off" else None
     try:

@@ -24,3 +24,4 @@ class PipelineConfig:
     timeout: float = 1800.0
     progress: bool = True
     kill_executor: bool = False  # SIGKILL one executor JVM while a replace is staging
+    discard_leftovers: bool = False  # cancel the unfinished jobs of earlier runs first

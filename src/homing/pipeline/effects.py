@@ -89,6 +89,36 @@ def job_counts(db: Database | ShardedDatabase, run: str) -> dict[tuple[str, str]
     return out
 
 
+PIPELINE_TYPES = (EVENT, SUBSCRIPTION, NOTIFICATION)
+
+
+def leftover_runs(db: Database | ShardedDatabase) -> dict[str, int]:
+    """Runs with ready or running pipeline jobs in the store, and how many of them: a run
+    still going, or one stopped before it finished. A new run's workers would take those
+    jobs and deliver them to the new run's receivers, so both runs' checks would fail."""
+    out: dict[str, int] = {}
+    for shard in shards(db):
+        with shard.store.transaction(write=False) as tx:
+            for run, n in sq.unfinished_by_run(tx, PIPELINE_TYPES).items():
+                out[run] = out.get(run, 0) + n
+    return out
+
+
+def discard_leftovers(db: Database | ShardedDatabase, runs: list[str]) -> int:
+    """Cancel the ready and running pipeline jobs of ``runs`` (one transaction per shard);
+    returns how many. Only for runs that no longer run: a live run's check then fails."""
+    cancelled = 0
+    for shard in shards(db):
+        with shard.transaction() as tx:
+            for run in runs:
+                for job_type in PIPELINE_TYPES:
+                    for job_id, state, _ in sq.run_jobs(tx.tx, run, job_type):
+                        if state in ("ready", "running"):
+                            tx.cancel(job_id, f"discarded: pipeline run {run} left it unfinished")
+                            cancelled += 1
+    return cancelled
+
+
 def stats(db: Database | ShardedDatabase) -> dict[str, dict[str, Any]]:
     return {row["type"]: row for row in db.stats(window=5.0)}
 

@@ -20,7 +20,14 @@ from homing.jobs import JobSpec
 from homing.pipeline import data
 from homing.pipeline.config import PipelineConfig
 from homing.pipeline.drive import RunParts, drive
-from homing.pipeline.effects import check, delivery_figures, read_receipts, shards
+from homing.pipeline.effects import (
+    check,
+    delivery_figures,
+    discard_leftovers,
+    leftover_runs,
+    read_receipts,
+    shards,
+)
 from homing.pipeline.processes import Fleet, child_env, free_port, stop_processes, wait_port
 from homing.pipeline.report import Report, print_report
 from homing.pipeline.session import java_missing, spark_session
@@ -85,6 +92,24 @@ class _Receivers:
         stop_processes(self.procs)
 
 
+def _handle_leftovers(db: Database | ShardedDatabase, cfg: PipelineConfig, console: Any) -> None:
+    """Refuse to start beside another run's unfinished jobs (or cancel them when asked)."""
+    leftovers = leftover_runs(db)
+    if not leftovers:
+        return
+    runs = ", ".join(f"{run} ({n} jobs)" for run, n in sorted(leftovers.items()))
+    if not cfg.discard_leftovers:
+        raise ConfigurationError(
+            f"the store {cfg.db} holds unfinished jobs of another pipeline run: {runs}. "
+            "This run's workers would take them and deliver them to this run's receivers, "
+            "and both checks would fail. Wait for that run to finish, run on another store "
+            "(--db, or HOMING_DB), or, if that run no longer runs (it was stopped), add "
+            "--discard-leftovers to cancel its jobs."
+        )
+    n = discard_leftovers(db, sorted(leftovers))
+    console.print(f"cancelled {n} unfinished jobs of earlier runs: {runs}")
+
+
 def _insert_events(db: Database | ShardedDatabase, run: str, events: int) -> None:
     db.insert_many(
         [
@@ -124,11 +149,16 @@ def run_pipeline(cfg: PipelineConfig, *, spark: Any = None, console: Any = None)
     run = cfg.run_id or uuid.uuid4().hex[:12]
     data_dir = cfg.data_dir.resolve()
     work = data_dir / f"run-{run}"
-    work.mkdir(parents=True, exist_ok=True)
     cfg.db = url = _absolute(cfg.db)
 
     t0 = time.monotonic()
     db = connect(url.split(",") if "," in url else url)
+    try:
+        _handle_leftovers(db, cfg, console)
+    except BaseException:
+        db.close()
+        raise
+    work.mkdir(parents=True, exist_ok=True)
     subscriptions, subscribers, expected = data.write_tables(data_dir, cfg.events, cfg.subscribers)
     report = Report(run=run, db=url, master=cfg.master, expected=expected)
     hooks = connect(f"sqlite:///{work / 'webhook-receiver.db'}")  # migrated before the sinks

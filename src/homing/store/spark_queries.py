@@ -376,6 +376,18 @@ def run_counts(tx: Tx, run: str) -> dict[tuple[str, str], int]:
     return {(str(t), str(s)): int(n) for t, s, n in rows}
 
 
+def unfinished_by_run(tx: Tx, job_types: Sequence[str]) -> dict[str, int]:
+    """Ready and running jobs of ``job_types`` per pipeline run (``args.run``): the runs
+    that have not finished (or were stopped before they did)."""
+    marks = ", ".join("?" for _ in job_types)
+    rows = tx.query(
+        f"SELECT {tx.sql.args_field('run')} AS r, COUNT(*) FROM homing_jobs "
+        f"WHERE type IN ({marks}) AND state IN ('ready', 'running') GROUP BY r",
+        tuple(job_types),
+    )
+    return {str(r): int(n) for r, n in rows}
+
+
 def run_jobs(tx: Tx, run: str, job_type: str) -> list[tuple[str, str, int]]:
     """(id, state, attempts) of one run's jobs of one type."""
     rows = tx.query(
