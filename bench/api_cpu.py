@@ -13,14 +13,11 @@ cells mix this with fsync and the server; this isolates the Python side.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
-from bench.common import revision_tree
+from bench.common import revision_tree, script_json
 
 ROOT = Path(__file__).resolve().parent.parent
 PG = os.environ.get("HOMING_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
@@ -52,16 +49,7 @@ print(json.dumps({"cpu_us_per_job": cpu / rounds / 100 * 1e6, "jobs_per_s": roun
 
 
 def run(src: Path, backend: str, rounds: int) -> dict[str, float]:
-    env = {**os.environ, "PYTHONPATH": str(src)}
-    out = subprocess.run(
-        [sys.executable, "-c", _LOOP, backend, str(rounds), PG],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=600,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    return script_json(src, _LOOP, backend, str(rounds), PG)  # type: ignore[no-any-return]
 
 
 def main() -> int:

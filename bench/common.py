@@ -7,6 +7,7 @@ import multiprocessing as mp
 import os
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -249,3 +250,18 @@ def revision_tree(rev: str) -> Iterator[Path]:
                 capture_output=True,
                 check=False,
             )
+
+
+def script_json(src: Path, script: str, *args: str, timeout: float = 600) -> Any:
+    """Run ``python -c script *args`` with ``src`` (a source tree's ``src``) first on the
+    path, and return the JSON object its last line of output prints: one side of an A/B
+    cell (``api_cpu``, ``grab_cases``)."""
+    out = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        env={**os.environ, "PYTHONPATH": str(src)},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=timeout,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])

@@ -17,14 +17,11 @@ Each side runs in a subprocess on its version's ``src`` (REV in a temporary git 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-from bench.common import revision_tree
+from bench.common import revision_tree, script_json
 
 ROOT = Path(__file__).resolve().parent.parent
 PG = os.environ.get("HOMING_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
@@ -115,19 +112,6 @@ print(json.dumps(out))
 """
 
 
-def _run(src: Path, script: str, *args: str) -> dict:  # type: ignore[type-arg]
-    env = {**os.environ, "PYTHONPATH": str(src)}
-    out = subprocess.run(
-        [sys.executable, "-c", script, *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=900,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", required=True, help="git revision to compare with")
@@ -144,7 +128,9 @@ def main() -> int:
             what = "empty grab" if backend == "sqlite" else "grab of 10 from 100,000 staged"
             for n in args.batches:
                 cells = {
-                    side: _run(tree / "src", _BATCHES, backend, str(n), PG)["us"]
+                    side: script_json(tree / "src", _BATCHES, backend, str(n), PG, timeout=900)[
+                        "us"
+                    ]
                     for side, tree in (("base", base), ("head", ROOT))
                 }
                 print(
@@ -152,7 +138,7 @@ def main() -> int:
                     f"{cells['base']:8.0f} us, working tree {cells['head']:8.0f} us",
                     flush=True,
                 )
-    plans = _run(ROOT / "src", _PLANS, PG)
+    plans = script_json(ROOT / "src", _PLANS, PG, timeout=900)
     for mode, r in plans.items():
         print(
             f"postgres one-job empty grab, plan_cache_mode={mode}: {r['us']:.0f} us "

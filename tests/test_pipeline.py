@@ -106,7 +106,8 @@ def test_a_run_refuses_to_start_beside_another_runs_unfinished_jobs(db: Any) -> 
     from homing.pipeline.run import _handle_leftovers
 
     class Quiet:
-        said: list[str] = []
+        def __init__(self) -> None:
+            self.said: list[str] = []
 
         def print(self, text: str) -> None:
             self.said.append(text)

@@ -284,7 +284,7 @@ class Dispatcher:
                 raise
             except Exception as exc:  # never let one row kill the loop
                 log.exception("delivering %s failed unexpectedly", row.id)
-                await self._db(self._retry_row, row, token, f"internal error: {exc}", None)
+                await self._retry(row, token, f"internal error: {exc}", None)
 
     def _read_disabled(self) -> dict[str, str]:
         with self.db.store.transaction(write=False) as tx:
@@ -456,12 +456,6 @@ class Dispatcher:
                 log.info("ignoring URL %s given for %s: %s", url[:200], row.id, exc)
                 return None
         return url
-
-    def _retry_row(
-        self, row: q.OutboxRow, token: str, error: str, retry_after: float | None
-    ) -> None:
-        with self.db.store.transaction() as tx:
-            self._mark_retry(row, token, error, retry_after, tx)
 
     async def _retry(
         self, row: q.OutboxRow, token: str, error: str, retry_after: float | None

@@ -93,12 +93,9 @@ def write(w: Worker, items: list[Outcome]) -> None:
     items.sort(key=lambda o: o.ctx.job.id)  # one lock order: no deadlocks on PostgreSQL
     try:
         try:
-            write_batch(w, items, bulk=True)
-        except (StaleLease, InvalidState, JobNotFound, OnCompleteFailed):
-            if any(o.ctx._on_complete for o in items):
-                items[:] = [write_alone(w, o) for o in items]
-            else:
-                write_batch(w, items, bulk=False)
+            write_batch(w, items)
+        except OnCompleteFailed:  # a refused lease does not raise: complete_each reports it
+            items[:] = [write_alone(w, o) for o in items]
     except Exception as exc:  # nothing was written; leases will expire
         for o in items:
             w.finish_job(
@@ -115,12 +112,15 @@ def write(w: Worker, items: list[Outcome]) -> None:
             w.finish_job(o.ctx, o.label, error=o.error, retry_in=o.retry_in)
 
 
-def write_batch(w: Worker, items: list[Outcome], *, bulk: bool) -> None:
+def write_batch(w: Worker, items: list[Outcome]) -> None:
+    """The batch in one transaction: its completions in one ``complete_each`` (a refused
+    one gets its error in ``result``, and its ``on_complete`` writes are not made), the
+    other outcomes each recorded (a refused one likewise)."""
     for o in items:
         o.result = None
     with w.transaction_for(items[0].ctx.job) as tx:
         completions = [o for o in items if o.action == "complete"]
-        if bulk and completions:
+        if completions:
             refused = {j.id: exc for j, exc in tx.complete_each([o.ctx.job for o in completions])}
             for o in completions:
                 o.result = refused.get(o.ctx.job.id)
@@ -130,7 +130,7 @@ def write_batch(w: Worker, items: list[Outcome], *, bulk: bool) -> None:
                     except Exception as exc:  # roll back; written one by one instead
                         raise OnCompleteFailed(str(exc)) from exc
         for o in items:
-            if bulk and o.action == "complete":
+            if o.action == "complete":
                 continue
             try:
                 record(tx, o)
