@@ -156,6 +156,14 @@ class _HookResolver(AbstractResolver):
 _REUSED: ContextVar[list[bool] | None] = ContextVar("homing_http_reused", default=None)
 
 
+class _Request(aiohttp.ClientRequest):
+    """No ``Accept`` or ``Accept-Encoding`` added to each request. Asking the session to skip
+    them (``skip_auto_headers``) rebuilt a header set on every request: about a tenth of a
+    delivery worker's Python CPU in py-spy (``update_auto_headers``); an empty default costs nothing."""
+
+    DEFAULT_HEADERS: dict[str, str] = {}
+
+
 class _Connector(aiohttp.TCPConnector):
     """aiohttp's connector, telling ``Client`` whether a connection is a kept-alive one."""
 
@@ -223,7 +231,7 @@ class Client:
             timeout=aiohttp.ClientTimeout(total=None, connect=self.timeout, sock_read=self.timeout),
             cookie_jar=aiohttp.DummyCookieJar(),
             headers={"User-Agent": USER_AGENT},
-            skip_auto_headers=("Accept", "Accept-Encoding"),
+            request_class=_Request,
             auto_decompress=True,
             trust_env=False,
         )
