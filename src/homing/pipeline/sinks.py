@@ -4,7 +4,7 @@ Each runs as its own process (a service of its own, with its own GIL):
 ``python -m homing.pipeline.sinks smtp --log FILE --port P`` and
 ``python -m homing.pipeline.sinks hooks --log FILE --hooks-db URL --port Q``.
 
-- SMTP (aiosmtpd): keeps a durable record of the message ids it accepted (the receipt log,
+- SMTP (``homing.pipeline.smtp_sink``, a small asyncio server): keeps a durable record of the message ids it accepted (the receipt log,
   one JSON line per receipt, reloaded on start) and drops repeats by ``X-Homing-Id``: a
   repeat is acknowledged again, logged as a suppressed duplicate, and has no effect. It
   refuses mailboxes named ``bounce-*`` with 550 (a permanent failure) and answers some
@@ -100,21 +100,19 @@ def homing_id(content: bytes) -> str | None:
 
 
 class SmtpHandler:
-    """aiosmtpd handler: 550 for bounce-* mailboxes, 451 for some first attempts."""
+    """What the SMTP sink answers: 550 for bounce-* mailboxes, 451 for some first
+    attempts, and each message's id recorded once (``homing.pipeline.smtp_sink``)."""
 
     def __init__(self, inbox: Inbox) -> None:
         self.inbox = inbox
 
-    async def handle_RCPT(
-        self, server: Any, session: Any, envelope: Any, address: str, rcpt_options: Any
-    ) -> str:
+    def rcpt(self, address: str) -> str:
         if address.startswith("bounce-"):
             return "550 5.1.1 mailbox unavailable"
-        envelope.rcpt_tos.append(address)
         return "250 OK"
 
-    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
-        msg_id = homing_id(envelope.content)
+    def data(self, content: bytes) -> str:
+        msg_id = homing_id(content)
         if not msg_id:
             return "554 5.6.0 no X-Homing-Id header"
         if self.inbox.flaky(msg_id, "email"):
@@ -214,21 +212,26 @@ async def _answer(send: Any, status: int, body: bytes, headers: list[tuple[bytes
 
 def serve_smtp(log: Path, port: int, temp_pct: int) -> None:
     """The SMTP server until SIGTERM (its own process: its own GIL)."""
+    import asyncio
     import signal
-    import threading
 
-    from aiosmtpd.controller import Controller
+    from homing.pipeline.smtp_sink import serve
 
     inbox = Inbox(log, temp_pct)
-    smtp = Controller(SmtpHandler(inbox), hostname="127.0.0.1", port=port, loop=loop_factory()())
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    smtp.start()
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        server = await serve(SmtpHandler(inbox), "127.0.0.1", port)
+        async with server:
+            await stop.wait()
+
     try:
-        stop.wait()
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
+            runner.run(main())
     finally:
-        smtp.stop()
         inbox.file.close()
 
 
