@@ -155,3 +155,31 @@ def test_a_stopped_fleet_spawns_no_more_workers(tmp_path: Path) -> None:
     fleet.spawn()
     fleet.start()
     assert fleet.procs == [] and fleet.started == 0
+
+
+def test_the_progress_counts_the_pipeline_jobs_that_finished(db: Any) -> None:
+    """The monitor's poll (every second or so during a run): done and failed jobs of the
+    pipeline's three types by (type, state), and nothing else."""
+    import homing
+    from homing.pipeline.effects import finished_counts
+
+    db.insert_many(
+        [homing.JobSpec("ProcessNotification", {"run": "r", "n": n}) for n in range(4)]
+        + [homing.JobSpec("FiredEvent", {"run": "r", "event_id": 0})]
+        + [homing.JobSpec("Other", {"run": "r"})]
+    )
+    assert finished_counts(db) == {}
+    notes = db.grab_many("ProcessNotification", lock_for=30, limit=3)
+    db.complete(notes[0])
+    db.complete(notes[1])
+    db.perm_fail(notes[2], "bounced")
+    event = db.grab("FiredEvent", lock_for=30)
+    other = db.grab("Other", lock_for=30)
+    assert event is not None and other is not None
+    db.complete(event)
+    db.complete(other)
+    assert finished_counts(db) == {
+        ("ProcessNotification", "done"): 2,
+        ("ProcessNotification", "failed"): 1,
+        ("FiredEvent", "done"): 1,
+    }

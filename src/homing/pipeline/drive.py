@@ -14,7 +14,7 @@ from homing.errors import HomingError
 from homing.pipeline import data
 from homing.pipeline.config import PipelineConfig
 from homing.pipeline.data import HOOK_CHANNELS
-from homing.pipeline.effects import http_state, stats
+from homing.pipeline.effects import finished_counts, http_state
 from homing.pipeline.processes import Fleet
 from homing.pipeline.stages import (
     EVENT,
@@ -58,7 +58,7 @@ class Monitor:
     ) -> None:
         self.cfg, self.db, self.hooks, self.expected, self.fleet = cfg, db, hooks, expected, fleet
         self.progress = progress
-        self.base = stats(db)
+        self.base = finished_counts(db)
         self.base_outbox, _ = http_state(db, hooks)
         self.expected_hooks = sum(expected.by_channel.get(c, 0) for c in HOOK_CHANNELS)
         self.spark_done = threading.Event()
@@ -81,17 +81,17 @@ class Monitor:
         sent = sum(outbox.get(k, 0) - self.base_outbox.get(k, 0) for k in ("delivered", "failed"))
         return sent, inbox.get("done", 0) + inbox.get("failed", 0)
 
-    def grown(self, now: dict[str, dict[str, Any]], job_type: str, *states: str) -> int:
-        have, was = now.get(job_type, {}), self.base.get(job_type, {})
-        return sum(int(have.get(s, 0)) - int(was.get(s, 0)) for s in states)
+    def grown(self, now: dict[tuple[str, str], int], job_type: str, *states: str) -> int:
+        return sum(now.get((job_type, s), 0) - self.base.get((job_type, s), 0) for s in states)
 
     def run(self) -> None:
         poll_cost = 0.0
         try:
             while not self.finished.is_set():
                 # The counts scan the run's tables: at millions of rows a scan takes
-                # a while, so poll less often as they grow (at most ~1/5 of the time).
-                time.sleep(max(1.0, 4 * poll_cost))
+                # a while, so poll less often as they grow (at most ~1/9 of the time:
+                # the polls compete for the cores with the deliveries they count).
+                time.sleep(max(1.0, 8 * poll_cost))
                 t_poll = time.monotonic()
                 self._look()
                 poll_cost = time.monotonic() - t_poll
@@ -100,7 +100,7 @@ class Monitor:
             self.finished.set()
 
     def _look(self) -> None:
-        now = stats(self.db)
+        now = finished_counts(self.db)
         sent, handled = self.hooks_settled()
         update = self.progress.update
         update(self.task_events, completed=self.grown(now, EVENT, "done"))

@@ -119,8 +119,13 @@ def discard_leftovers(db: Database | ShardedDatabase, runs: list[str]) -> int:
     return cancelled
 
 
-def stats(db: Database | ShardedDatabase) -> dict[str, dict[str, Any]]:
-    return {row["type"]: row for row in db.stats(window=5.0)}
+def finished_counts(db: Database | ShardedDatabase) -> dict[tuple[str, str], int]:
+    """The pipeline's jobs done and failed, by (type, state), over every shard."""
+    out: dict[tuple[str, str], int] = {}
+    for shard in shards(db):
+        with shard.store.transaction(write=False) as tx:
+            _add(out, sq.finished_counts(tx, PIPELINE_TYPES))
+    return out
 
 
 def delivery_figures(rec: dict[str, Any], work: Path) -> dict[str, Any]:

@@ -376,6 +376,19 @@ def run_counts(tx: Tx, run: str) -> dict[tuple[str, str], int]:
     return {(str(t), str(s)): int(n) for t, s, n in rows}
 
 
+def finished_counts(tx: Tx, job_types: Sequence[str]) -> dict[tuple[str, str], int]:
+    """Done and failed jobs of ``job_types`` by (type, state): the pipeline's progress,
+    polled every second or so (about half the cost of the dashboard's per-type stats,
+    whose other columns the progress does not show)."""
+    marks = ", ".join("?" for _ in job_types)
+    rows = tx.query(
+        f"SELECT type, state, COUNT(*) FROM homing_jobs WHERE type IN ({marks}) "
+        "AND state IN ('done', 'failed') GROUP BY type, state",
+        tuple(job_types),
+    )
+    return {(str(t), str(s)): int(n) for t, s, n in rows}
+
+
 def unfinished_by_run(tx: Tx, job_types: Sequence[str]) -> dict[str, int]:
     """Ready and running jobs of ``job_types`` per pipeline run (``args.run``): the runs
     that have not finished (or were stopped before they did)."""
