@@ -488,3 +488,82 @@ def test_send_messages_are_handled_in_batches_and_a_failing_one_alone(
     assert Counter(pair.effects_of(f"flaky{writes_through}-")) == Counter(
         f"flaky{writes_through}-{n}" for n in range(40)
     )
+
+
+def test_an_enqueue_hands_its_row_to_the_local_dispatcher_without_a_claim(
+    pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row enqueued in a transaction is stored claimed by this process's dispatcher and
+    handed to it once the transaction commits: no claim transaction of its own (on SQLite
+    one more turn of the shared write lock). A rolled-back enqueue hands nothing over."""
+    from homing.http import _claims
+
+    claimed_from_store: list[str] = []
+    real_claim = _claims.claim_due
+
+    def counting_claim(*args: Any) -> list[Any]:
+        rows = real_claim(*args)
+        claimed_from_store.extend(r.id for r in rows)
+        return rows
+
+    monkeypatch.setattr(_claims, "claim_due", counting_claim)
+    with pair.sender() as sender:
+        assert sender.dispatcher is not None
+        with pytest.raises(RuntimeError), pair.sdb.transaction() as t:
+            sender.send(pair.base + "/effect", {"handoff": "rolled back"}, tx=t)
+            raise RuntimeError("the caller changes its mind")
+        assert len(sender.dispatcher.handoff) == 0
+        pending = []
+        for i in range(30):
+            with pair.sdb.transaction() as t:
+                pending.append(sender.send(pair.base + "/effect", {"handoff": i}, tx=t))
+        for p in pending:
+            assert p.wait(30) is None
+    assert eventually(lambda: len(pair.effects_of("handoff")) == 30)
+    keys = pair.effects_of("handoff")
+    assert len(set(keys)) == 30 and "rolled back" not in "".join(keys)
+    assert claimed_from_store == []  # every row came by hand-off
+    with pair.sdb.store.transaction(write=False) as tx:
+        assert tx.query(
+            "SELECT COUNT(*) FROM homing_http_outbox WHERE claim_token IS NOT NULL AND body LIKE ?",
+            (b"%handoff%",),
+        ) == [(0,)]  # each claim ended with its row's outcome
+
+
+def test_rows_claimed_at_enqueue_by_a_dead_process_are_delivered_by_the_next(
+    pair: Pair,
+) -> None:
+    """A process killed after its enqueue committed and before its dispatcher sent the
+    row: the row stays claimed by a dead token, and the next dispatcher on the host
+    releases it at start (not after the lease), then delivers it once."""
+    import subprocess
+    import sys
+
+    from homing.http import _claims
+    from homing.store import http_queries as q
+
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    token = f"{socket.gethostname()}:{int(dead.stdout)}:0190aaaa-0000-7000-8000-000000000000"
+    stored = Sender(pair.sdb, dispatch=False)
+    msg = stored._new("send", pair.base + "/effect", {"dead-claim": 1}, None, None)
+    with pair.sdb.store.transaction() as tx:
+        q.insert_outgoing(tx, [msg], claim=(token, time.time() + 3600))
+    started = time.monotonic()
+    with pair.sender() as sender:
+        assert sender.wait(msg.id, timeout=30) is None
+    assert time.monotonic() - started < 20  # not the hour-long lease
+    assert pair.effects_of("dead-claim") == ['{"dead-claim": 1}']
+    handoff = _claims.Handoff(bound=2, lease=5.0)
+    assert handoff.claim(0.0) is None  # no dispatcher running: stored unclaimed
+    handoff.open("t")
+    assert handoff.claim(1.0) == ("t", 6.0)
+    row = _claims.claimed_row(msg, "t", 6.0)
+    handoff.put(row)
+    handoff.put(row)
+    assert handoff.claim(1.0) is None  # two wait already: the next is stored unclaimed
+    assert handoff.take(5) == [row, row] and len(handoff) == 0

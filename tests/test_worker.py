@@ -733,3 +733,65 @@ def test_until_idle_stops_as_soon_as_the_last_outcome_is_written(sdb: homing.Dat
     took = time.monotonic() - began
     assert ran == [1]
     assert took < 3.0, f"stopped {took:.1f} s after start: it slept out its idle wait"
+
+
+def test_a_grab_waiting_for_outcomes_rides_on_their_commit(
+    sdb: homing.Database, open_db: Any
+) -> None:
+    """On a single-writer store (SQLite) the fetcher's grab, made while outcomes wait for
+    the completer, goes into the completer's transaction: one write-lock turn and one
+    commit for both. The jobs are answered only after that commit; a batch rolled back
+    (an on_complete write failed) leaves the grab unanswered, and it is made alone."""
+    from homing.worker.completer import serve_alone, write_outcomes
+    from homing.worker.joined_grab import GrabRequest
+    from homing.worker.outcome import Outcome
+
+    worker, jobs, contexts, stolen = _three_held_one_stolen(sdb, open_db)
+    assert worker.joins_grabs is (not sdb.store.capabilities.concurrent_writers)
+    worker.wakeup = sdb.idle_wakeup()
+    sdb.insert_many([("n", i) for i in range(10, 12)])
+    opened = []
+    store = sdb.store
+    real_tx, real_stmt = store.transaction, store.statement
+
+    def counting(real: Any) -> Any:
+        def enter(*args: Any, **kw: Any) -> Any:
+            if store.in_transaction() is None:
+                opened.append(real.__name__)
+            return real(*args, **kw)
+
+        return enter
+
+    store.transaction = counting(real_tx)  # type: ignore[method-assign]
+    store.statement = counting(real_stmt)  # type: ignore[method-assign]
+    request = GrabRequest(limit=5)
+    try:
+        write_outcomes(worker, [Outcome(ctx, "complete") for ctx in contexts], request)
+    finally:
+        del store.transaction, store.statement
+    assert opened == ["transaction"], opened  # before: the completions, then a grab
+    assert request.done.is_set() and request.error is None
+    assert sorted(j.args for j in request.jobs) == [10, 11]
+    assert {sdb.details(j.handle).state for j in request.jobs} == {"running"}
+    assert worker.stats.done == 2 and worker.stats.lease_lost == 1
+
+    # an on_complete write fails: the batch is rolled back and written job by job; the
+    # grab's leases went with the rollback, so it is not answered, and is made alone
+    sdb.insert_many([("n", 20)])
+    more = sdb.grab_many("n", lock_for=30, limit=1)
+    from homing.worker.context import JobContext as Ctx
+
+    ctx = Ctx(worker, more[0], worker.app.handler("n"))
+    ctx.phase = "running"
+    worker._held[ctx.job.id] = ctx
+    worker._inflight += 1
+    worker._active += 1
+    ctx.on_complete(lambda tx: (_ for _ in ()).throw(RuntimeError("the write fails")))
+    for j in request.jobs:
+        sdb.release(j)
+    request = GrabRequest(limit=5)
+    write_outcomes(worker, [Outcome(ctx, "complete")], request)
+    assert not request.done.is_set()
+    serve_alone(worker, request)
+    assert request.done.is_set() and sorted(j.args for j in request.jobs) == [10, 11]
+    assert sdb.details(ctx.job.handle).state in ("ready", "failed")  # the job's failure

@@ -46,6 +46,7 @@ import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.connector import Connection
 from aiohttp.helpers import is_ip_address
+from multidict import istr
 
 from homing import __version__
 
@@ -161,7 +162,7 @@ class _Request(aiohttp.ClientRequest):
     them (``skip_auto_headers``) rebuilt a header set on every request: about a tenth of a
     delivery worker's Python CPU in py-spy (``update_auto_headers``); an empty default costs nothing."""
 
-    DEFAULT_HEADERS: dict[str, str] = {}
+    DEFAULT_HEADERS: dict[istr, str] = {}
 
 
 class _Connector(aiohttp.TCPConnector):

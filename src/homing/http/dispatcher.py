@@ -14,24 +14,20 @@ import concurrent.futures
 import functools
 import json
 import logging
-import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
-from homing import ids
 from homing._failpoints import failpoint
 from homing._loops import loop_factory
 from homing.database import Database
 from homing.errors import InvalidArgument
-from homing.http import _followups, standard, wire
+from homing.http import _claims, _followups, standard, wire
 from homing.http._client import Client, HttpError
 from homing.http._endpoints import (
     Endpoints,
     Slot,
-    alive,
     endpoint_key,
     for_endpoint,
     origin,
@@ -121,6 +117,9 @@ class Dispatcher:
             for secret in secrets:
                 standard.secret_key(secret)  # a malformed secret fails here, not per request
         self.claim_lease = request_timeout + 10.0
+        # rows enqueued in this process, claimed in their own transaction (_claims)
+        self.handoff = _claims.Handoff(bound=2 * max_in_flight, lease=self.claim_lease)
+        self._claim_now = True  # look in the store at the next turn, not only on the timer
         self.stats = {"attempts": 0, "delivered": 0, "retries": 0, "failed": 0, "deletes": 0}
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -165,7 +164,17 @@ class Dispatcher:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def wake(self) -> None:
-        """Look for work now (called after a local enqueue commits)."""
+        """Look for work in the store now (an enqueue committed, here or elsewhere)."""
+        self._claim_now = True
+        self._set_wake()
+
+    def hand_off(self, row: q.OutboxRow) -> None:
+        """Send this row, claimed by this dispatcher in the transaction that stored it
+        (called once that transaction committed)."""
+        self.handoff.put(row)
+        self._set_wake()
+
+    def _set_wake(self) -> None:
         loop, ev = self._loop, self._wake
         if loop is not None and ev is not None and not loop.is_closed():
             try:
@@ -185,89 +194,88 @@ class Dispatcher:
     async def _run(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
-        self._started.set()
         self._group = GroupCommit(self.db.store, self._db)
-        in_flight: set[asyncio.Task[None]] = set()
-        token = f"{socket.gethostname()}:{os.getpid()}:{ids.uuid7()}"
+        token = _claims.new_token()
+        self.handoff.open(token)  # before start() returns: its first enqueues hand off
+        self._started.set()
         try:
-            await self._db(self._release_dead_claims)
-        except Exception as exc:
-            log.warning("could not release the claims of dead dispatchers: %s", exc)
-        guarded = Client(
-            max_connections=self.max_in_flight,
-            timeout=self.request_timeout,
-            connect_to=pinning(self.allowed_hosts, self.resolver),
-        )
-        async with (
-            Client(max_connections=self.max_in_flight, timeout=self.request_timeout) as trusted,
-            guarded,
-        ):
-            client = Clients(trusted, guarded)
-            delay = 0.005
-            refreshed = 0.0
-            while not self._stopping:
-                if self.endpoints.disable_after and time.monotonic() - refreshed > 2.0:
-                    refreshed = time.monotonic()
-                    try:
-                        self.endpoints.disabled = await self._db(self._read_disabled)
-                    except Exception as exc:
-                        log.warning("reading disabled endpoints failed: %s", exc)
-                free = self.max_in_flight - len(in_flight)
-                rows: list[q.OutboxRow] = []
-                if free > 0:
-                    try:
-                        rows = await self._db(self._claim, token, free)
-                    except Exception as exc:  # the store is down: keep trying
-                        log.warning("outbox claim failed: %s", exc)
-                        rows = []
-                for row in rows:
-                    sem = self.endpoints.slot(
-                        (row.confirm_url or row.url) if row.state != "pending" else row.url
-                    )
-                    task = asyncio.create_task(self._one(client, sem, row, token))
-                    in_flight.add(task)
-                    task.add_done_callback(in_flight.discard)
-                if rows:
-                    delay = 0.005
-                    await asyncio.sleep(0)
-                    continue
-                try:
-                    await asyncio.wait_for(self._wake.wait(), timeout=delay)
-                except TimeoutError:
-                    pass
-                self._wake.clear()
-                delay = min(self.idle_poll, delay * 2)
-            for task in list(in_flight):
-                task.cancel()
-            await asyncio.gather(*in_flight, return_exceptions=True)
+            try:
+                await self._db(_claims.release_dead_claims, self.db)
+            except Exception as exc:
+                log.warning("could not release the claims of dead dispatchers: %s", exc)
+            guarded = Client(
+                max_connections=self.max_in_flight,
+                timeout=self.request_timeout,
+                connect_to=pinning(self.allowed_hosts, self.resolver),
+            )
+            trusted = Client(max_connections=self.max_in_flight, timeout=self.request_timeout)
+            async with trusted, guarded:
+                await self._serve(Clients(trusted, guarded), token)
+        finally:
+            self.handoff.close()
         try:  # a graceful stop hands its claimed rows to the next dispatcher at once
-            await self._db(self._release_claims, token)
+            await self._db(_claims.release_claims, self.db, token)
         except Exception as exc:  # the store is closing: the claims expire with their lease
             log.info("could not release this dispatcher's claims: %s", exc)
 
-    def _release_claims(self, token: str) -> None:
-        with self.db.store.transaction() as tx:
-            q.release_claims(tx, token)
+    async def _serve(self, client: Clients, token: str) -> None:
+        """Rows handed off at enqueue first; the store is asked when woken (an enqueue
+        without a hand-off, another process's NOTIFY) and on a timer that backs off from
+        5 ms to ``idle_poll`` while it finds nothing (retries coming due, other
+        processes' rows)."""
+        assert self._wake is not None
+        wake = self._wake
+        in_flight: set[asyncio.Task[None]] = set()
 
-    def _release_dead_claims(self) -> None:
-        """Rows claimed by a dispatcher on this host whose process is gone are due at once
-        (no need to wait for the claim lease: a restarted sender resumes immediately)."""
-        host = socket.gethostname()
-        with self.db.store.transaction() as tx:
-            for token in q.live_claims(tx, now=self.db.clock.now()):
-                t_host, _, rest = token.partition(":")
-                pid = rest.split(":", 1)[0]
-                if t_host == host and pid.isdigit() and not alive(int(pid)):
-                    q.release_claims(tx, token)
+        def done(task: asyncio.Task[None]) -> None:
+            in_flight.discard(task)
+            if len(self.handoff):  # rows wait for a free place: take them now
+                wake.set()
 
-    def _claim(self, token: str, limit: int) -> list[q.OutboxRow]:
-        """A claim is a lease: it need not wait for the disk (``Store.statement``); forgotten
-        in a power loss, the rows are claimed again and the receiver drops the repeat."""
-        now = self.db.clock.now()
-        with self.db.store.statement(durable=False) as tx:
-            return q.claim_work(
-                tx, now=now, until=now + self.claim_lease, token=token, limit=min(limit, 64)
-            )
+        delay = 0.005
+        next_claim = 0.0
+        refreshed = 0.0
+        while not self._stopping:
+            if self.endpoints.disable_after and time.monotonic() - refreshed > 2.0:
+                refreshed = time.monotonic()
+                try:
+                    self.endpoints.disabled = await self._db(self._read_disabled)
+                except Exception as exc:
+                    log.warning("reading disabled endpoints failed: %s", exc)
+            free = self.max_in_flight - len(in_flight)
+            rows = self.handoff.take(free) if free > 0 else []
+            if free > len(rows) and (self._claim_now or time.monotonic() >= next_claim):
+                self._claim_now = False
+                claimed: list[q.OutboxRow] = []
+                try:
+                    claimed = await self._db(
+                        _claims.claim_due, self.db, token, self.claim_lease, free - len(rows)
+                    )
+                except Exception as exc:  # the store is down: keep trying
+                    log.warning("outbox claim failed: %s", exc)
+                delay = 0.005 if claimed else min(self.idle_poll, delay * 2)
+                next_claim = 0.0 if claimed else time.monotonic() + delay
+                rows += claimed
+            for row in rows:
+                sem = self.endpoints.slot(
+                    (row.confirm_url or row.url) if row.state != "pending" else row.url
+                )
+                task = asyncio.create_task(self._one(client, sem, row, token))
+                in_flight.add(task)
+                task.add_done_callback(done)
+            if rows:
+                await asyncio.sleep(0)
+                continue
+            try:
+                await asyncio.wait_for(
+                    wake.wait(), timeout=max(0.001, next_claim - time.monotonic())
+                )
+            except TimeoutError:
+                pass
+            wake.clear()
+        for task in list(in_flight):
+            task.cancel()
+        await asyncio.gather(*in_flight, return_exceptions=True)
 
     async def _one(self, client: Clients, sem: Slot, row: q.OutboxRow, token: str) -> None:
         async with sem:

@@ -25,6 +25,7 @@ from homing._failpoints import failpoint
 from homing.database import Database, Transaction
 from homing.errors import InvalidArgument, NotFound, PayloadTooLarge
 from homing.http import wire
+from homing.http._claims import claimed_row
 from homing.http._group import GroupCommit
 from homing.http._waiters import waiters
 from homing.http.dispatcher import DEADLINE_PREFIX, Dispatcher
@@ -260,9 +261,19 @@ class Sender:
         )
 
     def _insert(self, tx: Tx, *, msg: q.NewOutgoing) -> None:
-        q.insert_outgoing(tx, [msg])
-        if self.dispatcher is not None:
-            tx.call_after_commit(self.dispatcher.wake)
+        """Store the row; with a dispatcher in this process, claimed by it and handed to it
+        once ``tx`` commits (no claim transaction of its own: ``homing.http._claims``)."""
+        dispatcher = self.dispatcher
+        if dispatcher is None:
+            q.insert_outgoing(tx, [msg])
+            return
+        claim = dispatcher.handoff.claim(self.db.clock.now())
+        q.insert_outgoing(tx, [msg], claim=claim)
+        if claim is None:
+            tx.call_after_commit(dispatcher.wake)
+        else:
+            row = claimed_row(msg, *claim)
+            tx.call_after_commit(lambda: dispatcher.hand_off(row))
 
     def _call(
         self,

@@ -151,12 +151,18 @@ class NewOutgoing:
     headers: str | None = None
 
 
-def insert_outgoing(tx: Tx, msgs: Sequence[NewOutgoing]) -> None:
-    """Store outgoing requests, due at once. A repeated id is ignored (idempotent insert)."""
+def insert_outgoing(
+    tx: Tx, msgs: Sequence[NewOutgoing], *, claim: tuple[str, float] | None = None
+) -> None:
+    """Store outgoing requests, due at once. A repeated id is ignored (idempotent insert).
+    ``claim`` (token, until): stored already claimed by that dispatcher (a hand-off to
+    the one in this process, ``homing.http._handoff``); no other claims them before then."""
+    token, until = claim if claim is not None else (None, None)
     tx.executemany(
         "INSERT INTO homing_http_outbox (id, kind, method, url, content_type, body, "
         "response_url, in_reply_to, reply_status, state, attempts, next_attempt_at, deadline, "
-        "created_at, headers) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', 0, ?, ?, ?, ?) "
+        "created_at, headers, claim_token, claimed_until) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', 0, ?, ?, ?, ?, ?, ?) "
         "ON CONFLICT (id) DO NOTHING",
         [
             (
@@ -173,11 +179,14 @@ def insert_outgoing(tx: Tx, msgs: Sequence[NewOutgoing]) -> None:
                 m.deadline,
                 m.created_at,
                 m.headers,
+                token,
+                until,
             )
             for m in msgs
         ],
     )
-    tx.store.notify(tx, HTTP_CHANNEL)
+    if claim is None:  # a claimed row is for this process's dispatcher alone
+        tx.store.notify(tx, HTTP_CHANNEL)
 
 
 HTTP_CHANNEL = "homing_http"

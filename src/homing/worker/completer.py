@@ -17,7 +17,9 @@ import queue
 from typing import TYPE_CHECKING
 
 from homing.errors import InvalidState, JobNotFound, StaleLease
+from homing.jobs import Job
 from homing.worker.context import lost_label
+from homing.worker.joined_grab import GrabRequest, grab_in
 from homing.worker.outcome import OnCompleteFailed, Outcome, failure_outcome, record
 
 if TYPE_CHECKING:
@@ -28,36 +30,60 @@ BATCH = 256  # outcomes written per commit, at most
 
 def complete_outcomes(w: Worker) -> None:
     while True:
-        first = w._outcomes.get()
-        if first is None:
+        item = w._outcomes.get()
+        if item is None:
             return
-        batch = [first]
+        batch: list[Outcome] = []
+        grabs: list[GrabRequest] = []
         stop = False
-        while len(batch) < BATCH:
+        while True:
+            if isinstance(item, GrabRequest):
+                grabs.append(item)
+            else:
+                batch.append(item)
+            if len(batch) >= BATCH:
+                break
             try:
-                item = w._outcomes.get_nowait()
+                next_item = w._outcomes.get_nowait()
             except queue.Empty:
                 break
-            if item is None:
+            if next_item is None:
                 stop = True
                 break
-            batch.append(item)
-        write_outcomes(w, batch)
+            item = next_item
+        write_outcomes(w, batch, grabs[0] if grabs else None)
+        for request in grabs:  # not served with the batch: a grab of its own
+            if not request.done.is_set():
+                serve_alone(w, request)
         if stop:
             return
 
 
-def write_outcomes(w: Worker, batch: list[Outcome]) -> None:
+def write_outcomes(w: Worker, batch: list[Outcome], grab: GrabRequest | None = None) -> None:
     """Write a batch of outcomes, per shard: plain completions alone in one statement that
-    commits by itself; any other mix in one transaction."""
+    commits by itself; any other mix in one transaction. ``grab`` (a single-writer store's
+    fetcher waiting for jobs) is made in that transaction after the outcomes, and answered
+    once it committed."""
     by_shard: dict[int, list[Outcome]] = {}
     for outcome in batch:
         by_shard.setdefault(w.shard_of(outcome.ctx.job), []).append(outcome)
     for items in by_shard.values():
-        if all(o.action == "complete" and not o.ctx._on_complete for o in items):
+        if grab is not None:
+            write(w, items, grab)
+            grab = None
+        elif all(o.action == "complete" and not o.ctx._on_complete for o in items):
             write_completions(w, items)
         else:
             write(w, items)
+
+
+def serve_alone(w: Worker, request: GrabRequest) -> None:
+    try:
+        jobs = grab_in(w.db, w, request.limit)
+    except Exception as exc:  # the fetcher logs it and retries, as with its own grabs
+        request.answer(error=exc)
+    else:
+        request.answer(jobs)
 
 
 def write_completions(w: Worker, items: list[Outcome]) -> None:
@@ -84,16 +110,19 @@ def write_completions(w: Worker, items: list[Outcome]) -> None:
             w.finish_job(o.ctx, o.label)
 
 
-def write(w: Worker, items: list[Outcome]) -> None:
+def write(w: Worker, items: list[Outcome], grab: GrabRequest | None = None) -> None:
     """Write a batch of outcomes in one transaction (one commit for all of them). Its
     completions go in one statement (``complete_each``): one whose lease was lost is
     refused there, its ``on_complete`` writes are not made, and it is reported as lost,
     while the others stand. If an ``on_complete`` write fails, the transaction is rolled
-    back and the batch written job by job, so the others still count."""
+    back and the batch written job by job, so the others still count (and ``grab`` is
+    then left to the caller: its jobs were not leased)."""
     items.sort(key=lambda o: o.ctx.job.id)  # one lock order: no deadlocks on PostgreSQL
     try:
         try:
-            write_batch(w, items)
+            grabbed = write_batch(w, items, grab)
+            if grab is not None and grabbed is not None:
+                grab.answer(*grabbed)  # committed: the leases are stored
         except OnCompleteFailed:  # a refused lease does not raise: complete_each reports it
             items[:] = [write_alone(w, o) for o in items]
     except Exception as exc:  # nothing was written; leases will expire
@@ -112,12 +141,16 @@ def write(w: Worker, items: list[Outcome]) -> None:
             w.finish_job(o.ctx, o.label, error=o.error, retry_in=o.retry_in)
 
 
-def write_batch(w: Worker, items: list[Outcome]) -> None:
+def write_batch(
+    w: Worker, items: list[Outcome], grab: GrabRequest | None = None
+) -> tuple[list[Job], BaseException | None] | None:
     """The batch in one transaction: its completions in one ``complete_each`` (a refused
     one gets its error in ``result``, and its ``on_complete`` writes are not made), the
-    other outcomes each recorded (a refused one likewise)."""
+    other outcomes each recorded (a refused one likewise); then ``grab`` in a savepoint
+    (a failed grab undoes nothing else). Returns the grab's (jobs, error), None without."""
     for o in items:
         o.result = None
+    grabbed: tuple[list[Job], BaseException | None] | None = None
     with w.transaction_for(items[0].ctx.job) as tx:
         completions = [o for o in items if o.action == "complete"]
         if completions:
@@ -136,6 +169,13 @@ def write_batch(w: Worker, items: list[Outcome]) -> None:
                 record(tx, o)
             except (StaleLease, InvalidState, JobNotFound) as exc:
                 o.result = exc
+        if grab is not None:
+            try:
+                with tx.tx.savepoint():
+                    grabbed = (grab_in(tx, w, grab.limit), None)
+            except Exception as exc:
+                grabbed = ([], exc)
+    return grabbed
 
 
 def write_alone(w: Worker, o: Outcome) -> Outcome:

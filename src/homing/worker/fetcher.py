@@ -13,6 +13,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from homing._failpoints import failpoint
+from homing.worker import joined_grab
 from homing.worker.context import JobContext
 
 if TYPE_CHECKING:
@@ -65,13 +66,7 @@ def fetch_jobs(w: Worker) -> None:
         with w._slots:  # until_idle: only a grab begun with nothing held can prove idleness
             settled = w._inflight == 0
         try:
-            jobs = w.db.grab_many(
-                w.types,
-                lock_for=w.lock_for,
-                limit=free,
-                worker_id=w.worker_id,
-                idle_channel=wakeup.channel,
-            )
+            jobs = joined_grab.grab(w, free)  # with the completer's commit, when it can
             errors = 0
         except Exception as exc:  # the store is down: wait and retry
             errors += 1

@@ -39,9 +39,10 @@ from homing.averages import rise_fast_fall_slow
 from homing.database import Database, ShardedDatabase, Transaction, connect
 from homing.errors import ConfigurationError, InvalidArgument, InvalidState, JobNotFound, StaleLease
 from homing.jobs import Job, check_seconds
-from homing.worker import completer, fetcher, heartbeat, housekeeper, runner, watcher
+from homing.worker import completer, fetcher, heartbeat, housekeeper, joined_grab, runner, watcher
 from homing.worker.context import JobContext
 from homing.worker.handler import Handlers
+from homing.worker.joined_grab import GrabRequest
 from homing.worker.outcome import Outcome
 from homing.worker.scheduler import Scheduler
 
@@ -176,6 +177,7 @@ class Worker:
         else:
             self.db = source
         self.dialect = self.db.dialect
+        self.joins_grabs = joined_grab.joins(self)  # grabs ride on completion commits
 
         self._lock = threading.Lock()
         self._slots = threading.Condition(self._lock)
@@ -183,7 +185,7 @@ class Worker:
         self._active = 0  # of those, jobs waiting for or in a handler
         self._held: dict[str, JobContext] = {}
         self._ready: queue.SimpleQueue[JobContext | None] = queue.SimpleQueue()
-        self._outcomes: queue.SimpleQueue[Outcome | None] = queue.SimpleQueue()
+        self._outcomes: queue.SimpleQueue[Outcome | GrabRequest | None] = queue.SimpleQueue()
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -236,6 +238,9 @@ class Worker:
             extra={"homing": {"event": "worker_started", "worker": self.worker_id}},
         )
         return self
+
+    def completer_alive(self) -> bool:
+        return any(t.name == "homing-completer" and t.is_alive() for t in self._threads)
 
     def _spawn(self, name: str, target: Callable[[], None]) -> None:
         thread = threading.Thread(target=target, name=f"homing-{name}", daemon=True)
