@@ -183,3 +183,15 @@ def test_the_progress_counts_the_pipeline_jobs_that_finished(db: Any) -> None:
         ("ProcessNotification", "failed"): 1,
         ("FiredEvent", "done"): 1,
     }
+
+
+def test_the_delivery_workers_poll_for_sqlites_write_lock() -> None:
+    from homing.pipeline.processes import _worker_url
+
+    assert _worker_url("sqlite:////tmp/p.db") == "sqlite:////tmp/p.db?lock_wait=poll"
+    assert (
+        _worker_url("sqlite:///p.db?durable=false") == "sqlite:///p.db?durable=false&lock_wait=poll"
+    )
+    assert _worker_url("sqlite:///p.db?lock_wait=sleep") == "sqlite:///p.db?lock_wait=sleep"
+    pg = "postgresql://postgres@127.0.0.1:5432/test"
+    assert _worker_url(pg) == pg

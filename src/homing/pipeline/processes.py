@@ -56,6 +56,15 @@ def child_env() -> dict[str, str]:
     return env
 
 
+def _worker_url(url: str) -> str:
+    """The delivery workers' store URL: on SQLite, waiting for each other's write lock in
+    short polls (``lock_wait=poll``, docs/jobs.md): three busy writer processes with a
+    backlog, where SQLite's growing busy-handler sleeps leave the lock idle."""
+    if not url.startswith("sqlite:") or "lock_wait=" in url:
+        return url
+    return url + ("&" if "?" in url else "?") + "lock_wait=poll"
+
+
 class Fleet:
     """The delivery worker processes; kills some with SIGKILL and replaces them."""
 
@@ -70,7 +79,7 @@ class Fleet:
         self.cfg = cfg
         # On a sharded store each worker serves one shard (its jobs, and the outbox rows
         # their transactions wrote there): at least one worker per shard.
-        self.shards = shards or [cfg.db]
+        self.shards = [_worker_url(url) for url in (shards or [cfg.db])]
         self.args = [
             sys.executable,
             "-m",
