@@ -229,8 +229,7 @@ class Dispatcher:
 
         def done(task: asyncio.Task[None]) -> None:
             in_flight.discard(task)
-            if len(self.handoff):  # rows wait for a free place: take them now
-                wake.set()
+            wake.set()  # a free place: hand-offs (or due rows) waiting for one go now
 
         delay = 0.005
         next_claim = 0.0
@@ -266,10 +265,11 @@ class Dispatcher:
             if rows:
                 await asyncio.sleep(0)
                 continue
+            # full: wait for a request to end (its task wakes us); else until the next claim
+            full = len(in_flight) >= self.max_in_flight
+            timeout = self.idle_poll if full else max(0.001, next_claim - time.monotonic())
             try:
-                await asyncio.wait_for(
-                    wake.wait(), timeout=max(0.001, next_claim - time.monotonic())
-                )
+                await asyncio.wait_for(wake.wait(), timeout=timeout)
             except TimeoutError:
                 pass
             wake.clear()
