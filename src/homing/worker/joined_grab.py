@@ -1,14 +1,15 @@
 """The fetcher's grab made inside the completer's next transaction, on a single-writer store.
 
 On SQLite every write transaction of every process takes the database's one write lock
-in turn, and in the pipeline's delivery workers the turns, not the work in them, set the
-pace (bench/pipeline_commits.py: each worker's write lock held nearly all the time, a
-grab holding it ~11 ms, mostly waiting for the other processes' turns). A worker whose
-handlers finish while the fetcher wants more jobs made two turns: the completer's commit
-of the outcomes, then the fetcher's grab. When outcomes are waiting to be written, the
-fetcher now hands its grab to the completer, which makes it after the outcomes in the
-same transaction: one turn, one commit. The jobs reach the fetcher only after that
-commit (their leases are stored), and the fetcher hands them out as before.
+in turn. A worker whose handlers finish while the fetcher wants more jobs made two turns:
+the completer's commit of the outcomes, then the fetcher's grab. When outcomes are waiting
+to be written, the fetcher now hands its grab to the completer, which makes it after the
+outcomes in the same transaction: one turn. The jobs reach the fetcher only after that
+commit (their leases are stored), and the fetcher hands them out as before. Measured: the
+pipeline's delivery workers made ~370 grabs a run instead of ~1,000, but their throughput
+did not move (the turns saved are unsynced ones; bench/results/pipeline-commits.txt,
+make-run-ab-handoff-joined-grab-2026-11-27.log); the harness's SQLite worker cells
+1.04x / 1.08x (ab-f9c0118-joined-grab.md).
 
 A store with concurrent writers (PostgreSQL) keeps the two apart: there a grab does not
 wait for other processes' commits, and a grab in a durable transaction would wait for
@@ -35,7 +36,6 @@ class GrabRequest:
         self.jobs: list[Job] = []
         self.error: BaseException | None = None
         self.done = threading.Event()
-        self.served = False  # the grab ran (in the batch's transaction or on its own)
 
     def answer(self, jobs: list[Job] | None = None, error: BaseException | None = None) -> None:
         self.jobs, self.error = jobs or [], error
