@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -449,6 +449,34 @@ def test_a_sharded_store_runs_each_job_in_its_shard(sharded: homing.ShardedDatab
     assert {sharded.details(h).state for h in handles + noops} == {"done"}
 
 
+def counting_opened(store: Any) -> Any:
+    """Within the block, the names of the store calls that opened a transaction of their
+    own (``transaction`` or ``statement``), in order."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def block() -> Iterator[list[str]]:
+        opened: list[str] = []
+        real_tx, real_stmt = store.transaction, store.statement
+
+        def counting(real: Any) -> Any:
+            def enter(*args: Any, **kw: Any) -> Any:
+                if store.in_transaction() is None:
+                    opened.append(real.__name__)
+                return real(*args, **kw)
+
+            return enter
+
+        store.transaction = counting(real_tx)
+        store.statement = counting(real_stmt)
+        try:
+            yield opened
+        finally:
+            del store.transaction, store.statement
+
+    return block()
+
+
 def _three_held_one_stolen(
     sdb: homing.Database, open_db: Any
 ) -> tuple[Worker, list[homing.Job], list[JobContext], homing.Job]:
@@ -565,24 +593,8 @@ def test_a_mixed_batch_of_outcomes_is_one_commit(sdb: homing.Database, open_db: 
     for ctx in contexts:
         if ctx is not plain:
             ctx.on_complete(lambda tx, job_id=ctx.job.id: _effect_via(tx, job_id, 0))
-    opened = []
-    store = sdb.store
-    real_tx, real_stmt = store.transaction, store.statement
-
-    def counting(real: Any) -> Any:
-        def enter(*args: Any, **kw: Any) -> Any:
-            if store.in_transaction() is None:
-                opened.append(real.__name__)
-            return real(*args, **kw)
-
-        return enter
-
-    store.transaction = counting(real_tx)  # type: ignore[method-assign]
-    store.statement = counting(real_stmt)  # type: ignore[method-assign]
-    try:
+    with counting_opened(sdb.store) as opened:
         write_outcomes(worker, [Outcome(ctx, "complete") for ctx in contexts])
-    finally:
-        del store.transaction, store.statement
     assert opened == ["transaction"], opened  # before: a statement, then a transaction
     assert worker.stats.done == 2 and worker.stats.lease_lost == 1
     assert effects(sdb) == Counter({j.id: 1 for j in jobs if j.handle != stolen.handle})
@@ -750,25 +762,9 @@ def test_a_grab_waiting_for_outcomes_rides_on_their_commit(
     assert worker.joins_grabs is (not sdb.store.capabilities.concurrent_writers)
     worker.wakeup = sdb.idle_wakeup()
     sdb.insert_many([("n", i) for i in range(10, 12)])
-    opened = []
-    store = sdb.store
-    real_tx, real_stmt = store.transaction, store.statement
-
-    def counting(real: Any) -> Any:
-        def enter(*args: Any, **kw: Any) -> Any:
-            if store.in_transaction() is None:
-                opened.append(real.__name__)
-            return real(*args, **kw)
-
-        return enter
-
-    store.transaction = counting(real_tx)  # type: ignore[method-assign]
-    store.statement = counting(real_stmt)  # type: ignore[method-assign]
     request = GrabRequest(limit=5)
-    try:
+    with counting_opened(sdb.store) as opened:
         write_outcomes(worker, [Outcome(ctx, "complete") for ctx in contexts], request)
-    finally:
-        del store.transaction, store.statement
     assert opened == ["transaction"], opened  # before: the completions, then a grab
     assert request.done.is_set() and request.error is None
     assert sorted(j.args for j in request.jobs) == [10, 11]
