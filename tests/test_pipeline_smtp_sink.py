@@ -156,3 +156,16 @@ def test_an_oversized_message_is_refused_and_the_session_goes_on(sink: Sink) -> 
 def test_an_endless_line_closes_the_connection(sink: Sink) -> None:
     out = raw_session(sink.port, b"EHLO " + b"x" * (MAX_LINE * 3))
     assert out.decode().split("\r\n")[1].startswith("500")
+
+
+def test_a_session_of_errors_is_closed_after_fifty(sink: Sink) -> None:
+    from homing.pipeline.smtp_sink import MAX_ERRORS
+
+    out = raw_session(sink.port, b"BOGUS\r\n" * (MAX_ERRORS * 3))
+    replies = [line for line in out.decode().split("\r\n") if line]
+    assert replies[0].startswith("220")
+    errors = replies[1:]
+    # one reply per error up to the one past the bound, then the connection closes (the
+    # commands were all in one read: the bound holds within a read, not only between them)
+    assert len(errors) == MAX_ERRORS + 1, len(errors)
+    assert all(r.startswith("500") for r in errors)
