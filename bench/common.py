@@ -265,3 +265,25 @@ def script_json(src: Path, script: str, *args: str, timeout: float = 600) -> Any
         timeout=timeout,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run_header(what: str) -> str:
+    """The first line of a result block: the time, the load average and what ran."""
+    from datetime import UTC, datetime
+
+    with open("/proc/loadavg") as f:
+        load = " ".join(f.read().split()[:3])
+    return f"## {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, load {load}, {what}"
+
+
+def append_result(path: Path, lines: list[str]) -> None:
+    """Append a result block (and a blank line) to a results file under bench/results."""
+    with path.open("a") as f:
+        f.write("\n".join(lines) + "\n\n")
+
+
+def proc_stat(pid: int) -> tuple[int, float]:
+    """(parent pid, CPU seconds: user + system) of a live process, from /proc."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

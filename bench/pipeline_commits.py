@@ -1,6 +1,6 @@
 """Write transactions per delivery in the pipeline's delivery stage (SQLite).
 
-    .venv/bin/python bench/pipeline_commits.py [--src DIR ...] [--reps 1] [-- RUN_ARGS]
+    .venv/bin/python -m bench.pipeline_commits [--src DIR ...] [--reps 1] [-- RUN_ARGS]
 
 Runs ``homing pipeline run`` on a fresh SQLite store (default: 1 delivery worker process,
 no kills, so that every process lives to the end) with ``bench/tx_trace`` loaded into the
@@ -22,8 +22,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
+
+from bench.common import append_result, run_header
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "pipeline-commits.txt"
@@ -91,9 +92,7 @@ def main() -> int:
     ap.add_argument("run_args", nargs="*", help="more `pipeline run` options, after --")
     a = ap.parse_args()
     srcs = a.src or [ROOT / "src"]
-    with open("/proc/loadavg") as f:
-        load = " ".join(f.read().split()[:3])
-    head = f"## {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, load {load}, {len(srcs)} tree(s) x {a.reps}"
+    head = run_header(f"{len(srcs)} tree(s) x {a.reps}")
     print(head)
     out = [head]
     for rep in range(a.reps):
@@ -103,8 +102,7 @@ def main() -> int:
             block += f"\n  (run {rep + 1}, {time.monotonic() - t:.0f} s)"
             print(block, flush=True)
             out.append(block)
-    with OUT.open("a") as f:
-        f.write("\n".join(out) + "\n\n")
+    append_result(OUT, out)
     return 0
 
 

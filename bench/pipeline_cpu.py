@@ -1,6 +1,6 @@
 """CPU of every process of a pipeline run during its delivery stage, per delivery.
 
-    .venv/bin/python bench/pipeline_cpu.py [--src DIR] [-- RUN_ARGS]
+    .venv/bin/python -m bench.pipeline_cpu [--src DIR] [-- RUN_ARGS]
 
 Runs ``homing pipeline run`` (make run's defaults unless RUN_ARGS say otherwise, with
 ``--kills 0`` so that every process lives to the end) on a fresh SQLite store, samples the
@@ -21,8 +21,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
+
+from bench.common import append_result, proc_stat, run_header
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "pipeline-cpu.txt"
@@ -33,7 +34,6 @@ GROUPS = (
     ("pipeline run", "driver"),
     ("java", "Spark (JVM)"),
 )
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 def tree(root: int) -> dict[int, tuple[float, str]]:
@@ -43,12 +43,11 @@ def tree(root: int) -> dict[int, tuple[float, str]]:
         if not name.isdigit():
             continue
         try:
-            stat = Path(f"/proc/{name}/stat").read_text()
+            ppid, cpu = proc_stat(int(name))
             cmd = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        procs[int(name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / TICK, cmd)
+        procs[int(name)] = (ppid, cpu, cmd)
     keep, grew = {root}, True
     while grew:
         grew = False
@@ -104,10 +103,8 @@ def main() -> int:
         cpu[group] = cpu.get(group, 0.0) + seconds - before
     deliveries = rate * window
     per = {"webhook receiver": 2 / 3, "SMTP sink": 1 / 3}  # the run's channel mix
-    with open("/proc/loadavg") as f:
-        load = " ".join(f.read().split()[:3])
     lines = [
-        f"## {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, load {load}, {a.src}",
+        run_header(str(a.src)),
         f"deliveries/s {rate:,.0f} (first to last); window {window:.1f} s; "
         f"{sum(cpu.values()) / window:.2f} cores in all",
     ]
@@ -118,9 +115,9 @@ def main() -> int:
             f"{seconds * 1000 / (deliveries * share):5.2f} ms a "
             + {"webhook receiver": "webhook/IM", "SMTP sink": "email"}.get(group, "delivery")
         )
+    lines.append(f"  all processes: {sum(cpu.values()) * 1000 / deliveries:.2f} ms a delivery")
     print("\n".join(lines))
-    with OUT.open("a") as f:
-        f.write("\n".join(lines) + "\n\n")
+    append_result(OUT, lines)
     return 0
 
 

@@ -24,8 +24,9 @@ import tempfile
 import threading
 import time
 import uuid
-from datetime import UTC, datetime
 from pathlib import Path
+
+from bench.common import append_result, proc_stat, run_header
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "smtp-sink.txt"
@@ -35,12 +36,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def cpu_seconds(pid: int) -> float:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def one_run(src: Path, n: int) -> str:
@@ -80,13 +75,13 @@ def one_run(src: Path, n: int) -> str:
                     with lock:
                         counts[kind] += 1
 
-            cpu0, t0 = cpu_seconds(sink.pid), time.perf_counter()
+            cpu0, t0 = proc_stat(sink.pid)[1], time.perf_counter()
             threads = [threading.Thread(target=send, args=(n // 4,)) for _ in range(4)]
             for t in threads:
                 t.start()
             for t in threads:
                 t.join()
-            seconds, cpu = time.perf_counter() - t0, cpu_seconds(sink.pid) - cpu0
+            seconds, cpu = time.perf_counter() - t0, proc_stat(sink.pid)[1] - cpu0
         finally:
             sink.terminate()
             sink.wait()
@@ -104,9 +99,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=2)
     a = ap.parse_args()
     srcs = a.src or [ROOT / "src"]
-    with open("/proc/loadavg") as f:
-        load = " ".join(f.read().split()[:3])
-    head = f"## {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, load {load}, n={a.n}"
+    head = run_header(f"n={a.n}")
     print(head)
     out = [head]
     for _ in range(a.reps):
@@ -114,8 +107,7 @@ def main() -> int:
             line = one_run(src.resolve(), a.n)
             print(line, flush=True)
             out.append(line)
-    with OUT.open("a") as f:
-        f.write("\n".join(out) + "\n\n")
+    append_result(OUT, out)
     return 0
 
 
