@@ -159,8 +159,10 @@ _REUSED: ContextVar[list[bool] | None] = ContextVar("homing_http_reused", defaul
 
 class _Request(aiohttp.ClientRequest):
     """No ``Accept`` or ``Accept-Encoding`` added to each request. Asking the session to skip
-    them (``skip_auto_headers``) rebuilt a header set on every request: about a tenth of a
-    delivery worker's Python CPU in py-spy (``update_auto_headers``); an empty default costs nothing."""
+    them (``skip_auto_headers``) rebuilt a header set on every request
+    (``update_auto_headers``: the top entry of one py-spy profile of a delivery worker,
+    not kept); an empty default costs nothing. ``bench.http_client_cpu`` is too noisy to
+    show the difference (bench/results/http_client_cpu.txt)."""
 
     DEFAULT_HEADERS: dict[istr, str] = {}
 
