@@ -42,6 +42,10 @@ class _JobAPI:
         ``durable=False`` for leases (see ``Store.statement``)."""
         return self._tx()
 
+    def _may_find_jobs(self, types: Sequence[str]) -> bool:
+        """False only when a grab of ``types`` is sure to find nothing (no write needed)."""
+        return True
+
     def insert(
         self,
         type: str,
@@ -100,6 +104,9 @@ class _JobAPI:
         Paused types are left out; limited types are grabbed one type at a time under
         their limits, each in a transaction that holds the type's lock (see ``limit``)."""
         names = check_types(types)
+        self._ops.check_grab(lock_for, limit, worker_id)
+        if where is None and not self._may_find_jobs(names):
+            return []
         controls = self._ops.controls.get()
         # A lease need not reach the disk by itself (Store.statement): losing it in a
         # power failure is its expiry; the completion that follows is durable.
@@ -285,6 +292,17 @@ class Database(TypeAdmin, _JobAPI):
 
     def _stmt(self, *, durable: bool = True) -> AbstractContextManager[Tx]:
         return self.store.statement(durable=durable)
+
+    def _may_find_jobs(self, types: Sequence[str]) -> bool:
+        # On a single-writer store (SQLite) a grab takes the write lock, which every other
+        # process's insert and completion then waits for (in SQLite's busy handler, which
+        # sleeps); an idle poller's empty grabs held back the very producer it waited for.
+        # A read first, outside any transaction, leaves the lock alone when there is nothing.
+        store = self.store
+        if store.capabilities.concurrent_writers or store.in_transaction() is not None:
+            return True
+        with store.transaction(write=False) as tx:
+            return q.may_be_available(tx, types, now=store.clock.now())
 
     @contextmanager
     def transaction(self) -> Iterator[Transaction]:

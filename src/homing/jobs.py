@@ -201,6 +201,16 @@ class JobOps:
         return any(j.timeout_s is not None or j.after for j in jobs)
 
     # grab ----------------------------------------------------------------------------
+    @staticmethod
+    def check_grab(lock_for: Any, limit: Any, worker_id: Any) -> float:
+        """A grab's arguments, refused when wrong; returns the lease in seconds."""
+        seconds = check_seconds("lock_for", lock_for, allow_zero=False, maximum=MAX_LOCK_FOR_S)
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidArgument(f"limit must be a positive integer, got {limit!r}")
+        if worker_id is not None and not isinstance(worker_id, str):
+            raise InvalidArgument(f"worker_id must be a string, got {worker_id!r}")
+        return seconds
+
     def grab(
         self,
         tx: Tx,
@@ -218,11 +228,7 @@ class JobOps:
         limits (the caller's transaction must be a real one: it holds the type's lock).
         ``checked``: ``types`` is what ``check_types`` returned already."""
         names = types if checked else check_types(types)
-        seconds = check_seconds("lock_for", lock_for, allow_zero=False, maximum=MAX_LOCK_FOR_S)
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise InvalidArgument(f"limit must be a positive integer, got {limit!r}")
-        if worker_id is not None and not isinstance(worker_id, str):
-            raise InvalidArgument(f"worker_id must be a string, got {worker_id!r}")
+        seconds = self.check_grab(lock_for, limit, worker_id)
         now = self.store.clock.now()
         lease = q.Lease(
             token=ids.uuid7(),

@@ -6,6 +6,7 @@ writer queue."""
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -65,3 +66,32 @@ def test_the_default_waits_in_sqlites_busy_handler(tmp_path: Path) -> None:
 def test_an_unknown_lock_wait_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="lock_wait must be sleep"):
         SQLiteStore(f"sqlite:///{tmp_path / 'w.db'}?lock_wait=spin")
+
+
+def test_an_empty_grab_leaves_the_write_lock_to_others(tmp_path: Path) -> None:
+    """A grab that finds nothing does not take the write lock (a read comes first): an
+    idle poller on SQLite does not hold back the producer it waits for. While another
+    'process' holds the lock, an empty grab returns at once; one that has a job to take
+    waits for the lock, and gets the job."""
+    import homing
+
+    url = f"sqlite:///{tmp_path / 'probe.db'}"
+    db = homing.connect(url)
+    other = sqlite3.connect(tmp_path / "probe.db", isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        started = time.monotonic()
+        assert db.grab_many("t", lock_for=5, limit=5) == []
+        assert time.monotonic() - started < 0.5
+    finally:
+        other.execute("ROLLBACK")
+    db.insert("t", {"n": 1})
+    other.execute("BEGIN IMMEDIATE")
+    releaser = threading.Timer(0.3, lambda: other.execute("ROLLBACK"))
+    releaser.start()
+    started = time.monotonic()
+    jobs = db.grab_many("t", lock_for=5, limit=5)
+    assert time.monotonic() - started >= 0.25  # it waited for the lock: a write was needed
+    assert [j.args for j in jobs] == [{"n": 1}]
+    releaser.join()
+    db.close()

@@ -239,6 +239,25 @@ def grab_jobs(
     return result
 
 
+def may_be_available(tx: Tx, types: Sequence[str], *, now: float) -> bool:
+    """Whether a grab of ``types`` could find a job now: a ready and due one, an expired
+    lease, or any ready job of a staged batch. Never False when a grab would find one
+    (filters and batch states are left out: it may say True for nothing), so a caller
+    may skip the grab when it says False. For single-writer stores, where a grab takes
+    the write lock that every other process's insert and completion waits for, and this
+    read does not (huey's dequeue checks first the same way)."""
+    marks = ", ".join("?" for _ in types)
+    row = tx.query_one(
+        "SELECT EXISTS (SELECT 1 FROM homing_jobs WHERE type IN "
+        f"({marks}) AND state = 'ready' AND batch_id IS NULL AND run_at <= ?) "
+        f"OR EXISTS (SELECT 1 FROM homing_jobs WHERE type IN ({marks}) "
+        "AND state = 'running' AND lease_expires_at <= ?) "
+        "OR EXISTS (SELECT 1 FROM homing_jobs WHERE batch_id IS NOT NULL AND state = 'ready')",
+        [*types, now, *types, now],
+    )
+    return bool(row and row[0])
+
+
 # -- staged batches ----------------------------------------------------------------------
 def open_batch(tx: Tx, batch_id: str, *, now: float, info: str | None = None) -> str:
     """Create a staging batch if it does not exist; return its state (open/committed/aborted)."""
