@@ -205,6 +205,25 @@ async def run(
             results.append(
                 summary("homing put (Option 1)", *await closed_loop(args.n, args.concurrency, put))
             )
+    if "batch" in set(args.only.split(",")):
+        # the same sends, the sender batching them (batch_wire): one request a batch
+        async with AsyncSender(
+            sdb,
+            per_destination=args.concurrency,
+            max_in_flight=args.concurrency,
+            batch=args.concurrency,
+        ) as b:
+
+            async def send_batched(i: int) -> None:
+                await b.send(base + "/noop", {"i": i})
+
+            await closed_loop(200, args.concurrency, send_batched)  # learns the batch URL
+            results.append(
+                summary(
+                    f"homing send (Option 2, batch {args.concurrency})",
+                    *await closed_loop(args.n, args.concurrency, send_batched),
+                )
+            )
     return results
 
 
@@ -218,8 +237,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--only",
-        default="send,put",
-        help="which of send,put (sender to receiver) to run besides the receiver alone",
+        default="send,put,batch",
+        help="which of send,put,batch (sender to receiver; batch: send with the sender "
+        "batching) to run besides the receiver alone",
     )
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "http.json"))
     args = parser.parse_args()

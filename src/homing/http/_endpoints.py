@@ -137,6 +137,10 @@ class Endpoints:
                 return (origin(url) if key == "*" else key), self.limits[key]
         return origin(url), None
 
+    def limited(self, url: str) -> bool:
+        """Whether ``url`` has a rate or concurrency limit of its own."""
+        return self._limit(url)[1] is not None
+
     def slot(self, url: str) -> Slot:
         key, limit = self._limit(url)
         slot = self._slots.get(key)

@@ -23,7 +23,8 @@ from homing._failpoints import failpoint
 from homing._loops import loop_factory
 from homing.database import Database
 from homing.errors import InvalidArgument
-from homing.http import _claims, _followups, standard, wire
+from homing.http import _claims, _followups, batch_wire, standard, wire
+from homing.http._batch_out import Batcher
 from homing.http._client import Client, HttpError
 from homing.http._endpoints import (
     Endpoints,
@@ -72,6 +73,8 @@ class Dispatcher:
     URLs a peer gave us (job results' response URLs, confirmation URLs on another origin)
     are called through a client that checks and pins the address at connect time;
     ``resolver`` (host, port) -> addresses replaces the system's for that check.
+    ``batch``: up to this many Option 2 messages in one request to a homing receiver that
+    takes batches (``batch_wire``; 0 or 1: one request a message, the default).
     """
 
     def __init__(
@@ -91,6 +94,7 @@ class Dispatcher:
         limits: Mapping[str, EndpointLimit] | None = None,
         disable_after: float | None = None,
         job_check: float = 30.0,
+        batch: int = 0,
     ) -> None:
         if per_destination < 1 or max_in_flight < 1:
             raise InvalidArgument("per_destination and max_in_flight must be at least 1")
@@ -112,6 +116,11 @@ class Dispatcher:
         if job_check <= 0:
             raise InvalidArgument(f"job_check must be > 0 seconds, got {job_check}")
         self.job_check = job_check
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 0:
+            raise InvalidArgument(f"batch must be a number of messages >= 0, got {batch!r}")
+        if batch > batch_wire.MAX_BATCH_MESSAGES:
+            raise InvalidArgument(f"batch may be at most {batch_wire.MAX_BATCH_MESSAGES}")
+        self.batcher = Batcher(self, batch) if batch > 1 else None
         self.webhook_signing = {k: list(v) for k, v in (webhook_signing or {}).items()}
         for secrets in self.webhook_signing.values():
             for secret in secrets:
@@ -225,11 +234,15 @@ class Dispatcher:
         processes' rows)."""
         assert self._wake is not None
         wake = self._wake
+        batcher = self.batcher
         in_flight: set[asyncio.Task[None]] = set()
 
         def done(task: asyncio.Task[None]) -> None:
             in_flight.discard(task)
             wake.set()  # a free place: hand-offs (or due rows) waiting for one go now
+
+        if batcher is not None:
+            batcher.serve(client, token, done)
 
         delay = 0.005
         next_claim = 0.0
@@ -241,7 +254,7 @@ class Dispatcher:
                     self.endpoints.disabled = await self._db(self._read_disabled)
                 except Exception as exc:
                     log.warning("reading disabled endpoints failed: %s", exc)
-            free = self.max_in_flight - len(in_flight)
+            free = self.max_in_flight - len(in_flight) - (batcher.rows if batcher else 0)
             rows = self.handoff.take(free) if free > 0 else []
             if free > len(rows) and (self._claim_now or time.monotonic() >= next_claim):
                 self._claim_now = False
@@ -256,6 +269,8 @@ class Dispatcher:
                 next_claim = 0.0 if claimed else time.monotonic() + delay
                 rows += claimed
             for row in rows:
+                if batcher is not None and batcher.offer(row):
+                    continue
                 sem = self.endpoints.slot(
                     (row.confirm_url or row.url) if row.state != "pending" else row.url
                 )
@@ -273,12 +288,16 @@ class Dispatcher:
             except TimeoutError:
                 pass
             wake.clear()
-        for task in list(in_flight):
+        pending = [*in_flight, *(batcher.tasks if batcher else ())]
+        for task in pending:
             task.cancel()
-        await asyncio.gather(*in_flight, return_exceptions=True)
+        await asyncio.gather(*pending, return_exceptions=True)
 
     async def _one(self, client: Clients, sem: Slot, row: q.OutboxRow, token: str) -> None:
         async with sem:
+            # its receiver may have said meanwhile that it takes batches
+            if self.batcher is not None and self.batcher.offer(row):
+                return
             try:
                 if row.state == "pending":
                     if await self._held_back(row, token):
@@ -382,6 +401,8 @@ class Dispatcher:
         status = resp.status_code
         if 200 <= status < 300:
             failpoint("http.sender.after_2xx_before_tombstone")
+            if self.batcher is not None and row.kind == "send":
+                self.batcher.learn(row.url, resp.headers.get(batch_wire.BATCH_HEADER))
             confirm = self._peer_url(row, resp.headers.get(wire.CONFIRM_URL))
             state = "accepted" if (row.kind == "job" and status == 202) else "delivered"
             status_url = None

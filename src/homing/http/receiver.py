@@ -34,7 +34,8 @@ from homing import ids
 from homing._failpoints import failpoint
 from homing.database import Database
 from homing.errors import InvalidArgument
-from homing.http import _ingress, standard, wire
+from homing.http import _ingress, batch_wire, standard, wire
+from homing.http._batch_in import batch_path, receive_batch
 from homing.http._fastpath import NodeFastPath, route_path
 from homing.http._group import GroupCommit
 from homing.http._inbox import AT_RECEIPT_BELOW_S, Answer, Handler, Inbox, Refused, stored_answer
@@ -54,7 +55,7 @@ T = TypeVar("T")
 __all__ = ["Handler", "Receiver", "gc"]
 DEFAULT_RETENTION_S = 7 * 24 * 3600.0
 DEFAULT_MAX_BODY = 1024 * 1024
-INTERNAL = "/_homing"
+INTERNAL = wire.INTERNAL
 
 
 _error = _ingress.problem
@@ -81,6 +82,8 @@ class Receiver:
     ``handle_at_receipt_below``: an Option 2 message to a node whose handlers have run
     shorter than this on average (seconds) is handled in the commit that stores it,
     before the answer; 0 handles every one in the background (see docs/http.md).
+    ``batches``: take batches of Option 2 messages (``batch_wire``) and say so in the
+    ``Homing-Batch`` header of the answers to them.
     """
 
     def __init__(
@@ -103,6 +106,7 @@ class Receiver:
         webhook_tolerance: float = 300.0,
         resolver: wire.Resolver | None = None,
         handle_at_receipt_below: float = AT_RECEIPT_BELOW_S,
+        batches: bool = True,
     ) -> None:
         if not isinstance(db, Database):
             raise InvalidArgument(
@@ -127,6 +131,7 @@ class Receiver:
         self.webhook_secrets = [standard.secret_key(k) for k in webhook_secrets or ()]
         self.webhook_tolerance = webhook_tolerance
         self.resolver = resolver
+        self.batches = batches
         self._nodes: dict[str, Handler] = {}
         self._groups: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, GroupCommit] = (
             weakref.WeakKeyDictionary()
@@ -159,6 +164,7 @@ class Receiver:
             middleware=[fast],
             routes=[
                 Route(INTERNAL + "/info", self._info, methods=["GET"]),
+                Route(INTERNAL + batch_wire.BATCH_PATH, self._receive_batch, methods=["POST"]),
                 Route(INTERNAL + "/inbox/{msg_id}", self._confirm, methods=["DELETE"]),
                 Route(INTERNAL + "/inbox/{msg_id}", self._status, methods=["GET"]),
                 Route("/{rest:path}", self._receive, methods=list(wire.METHODS)),
@@ -325,6 +331,14 @@ class Receiver:
                 **{"retry-after": "1", **self._headers()},
             )
 
+    async def _receive_batch(self, request: Request) -> Response:
+        """Many Option 2 messages in one request (``batch_wire``)."""
+        if not self.batches:
+            return _error(404, "this receiver takes no batches; send each message alone")
+        if not self._worker.started:
+            await run_in_threadpool(self.start)
+        return await receive_batch(self, request)
+
     async def _receive_checked(self, request: Request) -> Response:
         path = self._route_path(request)
         is_reply = path == self.reply_path
@@ -377,8 +391,12 @@ class Receiver:
                     f"message {msg_id} was already received with a different body, path "
                     "or mode; a message id names one message: make a new id for a new message",
                 )
-        if mode == "send":
-            return Response(status_code=204, headers=self._headers())
+        if mode == "send":  # says where a sender may send the next ones in batches
+            headers = self._headers()
+            if self.batches:
+                root = str(request.scope.get("root_path", ""))
+                headers[batch_wire.BATCH_HEADER] = batch_path(root)
+            return Response(status_code=204, headers=headers)
         # the sender may ask here how its job went (and fetch a result it did not get)
         status_url = f"{self._base(request)}{INTERNAL}/inbox/{msg_id}"
         return Response(status_code=202, headers={**self._headers(), wire.STATUS_URL: status_url})

@@ -87,7 +87,8 @@ class Sender:
     ``absurd_after`` seconds after it was stored a message that is still undelivered ends
     with ``DeadlineExceeded``; keep it below the receivers' inbox retention. The other
     options configure the dispatcher (see ``Dispatcher``): per-endpoint ``signing``,
-    ``webhook_signing`` (Standard Webhooks), ``limits`` and ``disable_after``.
+    ``webhook_signing`` (Standard Webhooks), ``limits``, ``disable_after`` and ``batch``
+    (Option 2 messages to a homing receiver, up to this many a request).
     """
 
     def __init__(
@@ -108,6 +109,7 @@ class Sender:
         limits: Mapping[str, EndpointLimit] | None = None,
         disable_after: float | None = None,
         job_check: float = 30.0,
+        batch: int = 0,
     ) -> None:
         if not isinstance(db, Database):
             raise InvalidArgument(
@@ -135,6 +137,7 @@ class Sender:
                 limits=limits,
                 disable_after=disable_after,
                 job_check=job_check,
+                batch=batch,
             ).start()
 
     def close(self) -> None:

@@ -135,6 +135,8 @@ class ShardedReceiver:
 
     def __init__(self, db: ShardedDatabase, **options: Any) -> None:
         self.db = _check(db, "ShardedReceiver")
+        # no batches: a batch names no one message id, so it has no shard to go to
+        options = {**options, "batches": False}
         self.receivers = [Receiver(s, **options) for s in db.shards]
         self.reply_path = self.receivers[0].reply_path
         self.app = self  # the ASGI app, as ``Receiver.app``

@@ -42,6 +42,8 @@ STATUS_URL = "homing-status-url"
 REPLAYED = "homing-replayed"
 RETENTION = "homing-inbox-retention"
 
+INTERNAL = "/_homing"  # the receiver's own paths: /info, /inbox/<id>, /reply, /batch
+
 JSON_TYPE = "application/json"
 BYTES_TYPE = "application/octet-stream"
 MODES = ("put", "send", "job")

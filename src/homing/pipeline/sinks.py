@@ -180,6 +180,9 @@ class LossyNetwork:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if scope.get("path", "").endswith(BATCH_SUFFIX):
+            await self._batch(scope, receive, send)
+            return
         headers = dict(scope.get("headers") or [])
         msg_id = headers.get(b"homing-message-id", b"").decode("latin-1")
         channel = scope.get("path", "").rsplit("/", 1)[-1]
@@ -198,13 +201,98 @@ class LossyNetwork:
             return
         await self.app(scope, receive, send)
 
+    async def _batch(self, scope: Any, receive: Any, send: Any) -> None:
+        """A batch of messages (``homing.http.batch_wire``): the same faults, message by
+        message: a refused first attempt is answered 503 in the batch's results without
+        reaching the receiver, and a lost answer is a 502 in place of the receiver's."""
+        from homing.errors import InvalidArgument
+        from homing.http import batch_wire
+
+        data = await _request_body(receive)
+        try:
+            messages = batch_wire.decode_batch(
+                data, max_messages=batch_wire.MAX_BATCH_MESSAGES, max_body=len(data)
+            )
+        except InvalidArgument:  # the receiver says what is wrong with it
+            await self.app(_with_length(scope, len(data)), _once(data), send)
+            return
+        results: list[dict[str, Any]] = [{} for _ in messages]
+        passed: list[tuple[int, batch_wire.BatchMessage, bool]] = []
+        for i, m in enumerate(messages):
+            msg_id = m.headers.get("homing-message-id", "")
+            channel = m.target.rsplit("/", 1)[-1]
+            if msg_id and self.inbox.flaky(msg_id, channel):
+                results[i] = {"status": 503, "detail": "try again later"}
+                continue
+            passed.append((i, m, bool(msg_id) and self.inbox.lose_ack(msg_id, channel)))
+        if passed:
+            body = batch_wire.encode_batch([m for _, m, _ in passed])
+            status, answer = await _call(self.app, _with_length(scope, len(body)), body)
+            inner = json.loads(answer)["results"] if status == 200 else None
+            for n, (i, _, lost) in enumerate(passed):
+                if inner is None:
+                    results[i] = {"status": status, "detail": "the batch was refused"}
+                else:
+                    results[i] = {"status": 502, "detail": "answer lost"} if lost else inner[n]
+        headers = [(b"content-type", b"application/json")]
+        await _answer(send, 200, batch_wire.encode_results(results), headers)
+
+
+BATCH_SUFFIX = "/_homing/batch"
+
+
+async def _request_body(receive: Any) -> bytes:
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    return b"".join(chunks)
+
+
+def _once(body: bytes) -> Any:
+    sent = [False]
+
+    async def receive() -> Any:
+        if sent[0]:
+            return {"type": "http.disconnect"}
+        sent[0] = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive
+
+
+def _with_length(scope: Any, length: int) -> Any:
+    headers = [(k, v) for k, v in scope.get("headers") or [] if k != b"content-length"]
+    return {**scope, "headers": [*headers, (b"content-length", str(length).encode())]}
+
+
+async def _call(app: Any, scope: Any, body: bytes) -> tuple[int, bytes]:
+    """Run ``app`` on a request of ``body``; its status and body."""
+    status = [500]
+    out: list[bytes] = []
+
+    async def capture(message: Any) -> None:
+        if message["type"] == "http.response.start":
+            status[0] = int(message["status"])
+        elif message["type"] == "http.response.body":
+            out.append(message.get("body", b""))
+
+    await app(scope, _once(body), capture)
+    return status[0], b"".join(out)
+
 
 async def _answer(send: Any, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
     await send(
         {
             "type": "http.response.start",
             "status": status,
-            "headers": [(b"content-type", b"text/plain"), *headers],
+            "headers": headers
+            if any(k == b"content-type" for k, _ in headers)
+            else [(b"content-type", b"text/plain"), *headers],
         }
     )
     await send({"type": "http.response.body", "body": body})
