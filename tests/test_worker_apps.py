@@ -50,6 +50,15 @@ def sleep(job: Any, ctx: JobContext) -> None:
     insert_effect(ctx, job.id)
 
 
+@app.job("sleep_first", retry=MANY)
+def sleep_first(job: Any, ctx: JobContext) -> None:
+    """Sleep on the first attempt only (a process to kill while it holds the job), then
+    write one effect."""
+    if ctx.attempt == 1:
+        time.sleep(job.args["s"])
+    insert_effect(ctx, job.id)
+
+
 def test_app_registers_the_checker_handlers() -> None:
-    assert app.types == ["effect", "fired", "noop", "sleep"]
+    assert app.types == ["effect", "fired", "noop", "sleep", "sleep_first"]
     assert app.handler("effect").retry.max_attempts == 1000

@@ -23,8 +23,8 @@ import socket
 import threading
 
 from homing import ids
+from homing._process import alive
 from homing.database import Database
-from homing.http._endpoints import alive
 from homing.store import http_queries as q
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import os
 import time
 from collections.abc import Mapping
 from typing import TypeVar
@@ -54,17 +53,6 @@ def retry_after_seconds(value: str | None) -> float | None:
         return max(0.0, float(value))
     except ValueError:
         return None
-
-
-def alive(pid: int) -> bool:
-    """Whether a process of this host still runs (a dead dispatcher's claims are freed)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def endpoint_key(url: str) -> str:

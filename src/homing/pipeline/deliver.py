@@ -172,6 +172,12 @@ def main() -> None:
     parser.add_argument("--http-port", type=int, required=True)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--lock-for", type=float, default=5.0)
+    parser.add_argument(
+        "--name",
+        default="deliver",
+        help="the worker's name, one per process: a restart under the same name takes back "
+        "the jobs the dead process left leased",
+    )
     parser.add_argument("--retry-scale", type=float, default=1 / 600)
     parser.add_argument(
         "--give-up-after", type=float, help="seconds after queueing (default: 4.5 days, scaled)"
@@ -186,7 +192,7 @@ def main() -> None:
         give_up_after=a.give_up_after,
     )
     try:
-        app.run(concurrency=a.concurrency, name="deliver")
+        app.run(concurrency=a.concurrency, name=a.name)
     finally:
         sender.close()  # in-flight requests end; their claims are released at next start
 

@@ -102,26 +102,33 @@ class Fleet:
         self.logs = logs
         self.procs: list[subprocess.Popen[bytes]] = []
         self.serves: dict[subprocess.Popen[bytes], str] = {}
+        # each worker's name; a replacement takes its dead predecessor's name, and with it
+        # the jobs it left leased (homing.worker.takeover), instead of waiting out the leases
+        self.names: dict[subprocess.Popen[bytes], str] = {}
         self.killed = 0
         self.started = 0
         self.stopped = False  # set by stop(): no spawn after it (the monitor may race it)
         self._lock = threading.Lock()
 
-    def spawn(self, shard: str | None = None) -> None:
+    def spawn(self, shard: str | None = None, name: str | None = None) -> None:
         with self._lock:
             if not self.stopped:
-                self._spawn(shard)
+                self._spawn(shard, name or f"deliver-{self.started}")
 
-    def _spawn(self, shard: str | None) -> None:
+    def _spawn(self, shard: str | None, name: str) -> None:
         if shard is None:  # the first shard with the fewest workers
             serving = [self.serves[p] for p in self.procs]
             shard = min(self.shards, key=serving.count)
         log = (self.logs / f"worker-{self.started}.log").open("ab")
         proc = subprocess.Popen(
-            [*self.args, "--db", shard], stdout=log, stderr=subprocess.STDOUT, env=child_env()
+            [*self.args, "--db", shard, "--name", name],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=child_env(),
         )
         self.procs.append(proc)
         self.serves[proc] = shard
+        self.names[proc] = name
         self.started += 1
 
     def start(self) -> None:
@@ -137,13 +144,13 @@ class Fleet:
         victim.wait()
         self.procs.remove(victim)
         self.killed += 1
-        self.spawn(self.serves.pop(victim))
+        self.spawn(self.serves.pop(victim), self.names.pop(victim))
 
     def respawn_dead(self) -> int:
         dead = [p for p in self.procs if p.poll() is not None]
         for p in dead:
             self.procs.remove(p)
-            self.spawn(self.serves.pop(p))
+            self.spawn(self.serves.pop(p), self.names.pop(p))
         return len(dead)
 
     def stop(self) -> None:

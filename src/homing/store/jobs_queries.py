@@ -328,6 +328,29 @@ def finish_leased(tx: Tx, pairs: Sequence[tuple[str, str]], *, now: float) -> se
     return tx.sql.finish_leased(tx, pairs, now=now) if pairs else set()
 
 
+def leases_on_host(tx: Tx, host: str) -> list[tuple[str, str, int | None, str | None]]:
+    """(id, lease token, holder pid, holder worker) of the jobs that processes of ``host``
+    hold (read through the index of running jobs: they are few)."""
+    rows = tx.query(
+        "SELECT id, lease_token, holder_pid, holder_worker FROM homing_jobs "
+        "WHERE state = 'running' AND holder_host = ?",
+        (host,),
+    )
+    return [(str(r[0]), str(r[1]), r[2], r[3]) for r in rows]
+
+
+def expire_leases(tx: Tx, leases: Sequence[tuple[str, str]], *, now: float) -> int:
+    """End these leases now, if their tokens still hold them: the jobs are taken over
+    through the expired-lease path (with its history entry), as after a lease ran out."""
+    return sum(
+        tx.rowcount(
+            "UPDATE homing_jobs SET lease_expires_at = ?, available_at = ? WHERE " + HELD,
+            (now, now, job_id, token),
+        )
+        for job_id, token in leases
+    )
+
+
 def reschedule(tx: Tx, job_id: str, token: str, *, run_at: float, error: str | None) -> bool:
     """Put a running job back to ready at ``run_at`` if ``token`` still holds its lease."""
     changed = (

@@ -39,7 +39,16 @@ from homing.averages import rise_fast_fall_slow
 from homing.database import Database, ShardedDatabase, Transaction, connect
 from homing.errors import ConfigurationError, InvalidArgument, InvalidState, JobNotFound, StaleLease
 from homing.jobs import Job, check_seconds
-from homing.worker import completer, fetcher, heartbeat, housekeeper, joined_grab, runner, watcher
+from homing.worker import (
+    completer,
+    fetcher,
+    heartbeat,
+    housekeeper,
+    joined_grab,
+    runner,
+    takeover,
+    watcher,
+)
 from homing.worker.context import JobContext
 from homing.worker.handler import Handlers
 from homing.worker.joined_grab import GrabRequest
@@ -160,6 +169,7 @@ class Worker:
             raise InvalidArgument(f"prefetch must be an integer >= 0, got {prefetch!r}")
         self.prefetch = prefetch
         self.handler_seconds: float | None = None  # moving average of handlers' run time
+        self.name = name
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{name}"
         self.stats = WorkerStats()
         # Called as fn(job, outcome, seconds) once per finished job (e.g. homing.metrics).
@@ -216,6 +226,7 @@ class Worker:
         self.wakeup = self.db.idle_wakeup(
             min_poll=self.min_poll, max_poll=self.max_poll, idle_wait=self.idle_wait
         )
+        takeover.take_back(self)  # before the fetcher: its first grab may take them
         for i in range(self.concurrency):
             self._spawn(f"runner-{i}", lambda: runner.run_jobs(self))
         self._spawn("completer", lambda: completer.complete_outcomes(self))

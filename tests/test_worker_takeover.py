@@ -1,0 +1,144 @@
+"""A restarted worker takes back, at once, the jobs its dead predecessor left leased
+(``homing.worker.takeover``): real ``homing worker`` processes, SIGKILLed, on both
+backends. The lease is 60 s, so a job done within seconds was taken back, not expired."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import homing
+from homing.store import jobs_queries as q
+from homing.worker import takeover
+
+APPS = str(Path(__file__).with_name("test_worker_apps.py"))
+EFFECTS_DDL = "CREATE TABLE effects (job_id TEXT NOT NULL, attempt INTEGER NOT NULL, pid INTEGER)"
+
+
+def worker(url: str, name: str, log: Path) -> subprocess.Popen[bytes]:
+    args = ["--app", f"{APPS}:app", "--concurrency", "1", "--lock-for", "60", "--name", name]
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "homing", "--db", url, "worker", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def wait_for(check: Any, timeout: float, what: str) -> float:
+    started = time.monotonic()
+    while not check():
+        assert time.monotonic() - started < timeout, f"not within {timeout}s: {what}"
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+def state(db: homing.Database, job_id: str) -> tuple[str, int | None]:
+    with db.store.transaction(write=False) as tx:
+        row = tx.query_one("SELECT state, holder_pid FROM homing_jobs WHERE id = ?", (job_id,))
+    assert row is not None
+    return str(row[0]), row[1]
+
+
+def effects(db: homing.Database) -> list[tuple[str, int]]:
+    with db.store.transaction(write=False) as tx:
+        return [(str(r[0]), int(r[1])) for r in tx.query("SELECT job_id, attempt FROM effects")]
+
+
+def kill_holding(db: homing.Database, url: str, name: str, tmp_path: Path) -> str:
+    """A worker named ``name`` takes a job that sleeps 60 s on its first attempt, and is
+    SIGKILLed while it holds it; the job's id."""
+    with db.transaction() as t:
+        t.tx.execute(EFFECTS_DDL)
+    job_id = db.insert("sleep_first", {"s": 60}).split(":")[-1]
+    first = worker(url, name, tmp_path / "first.log")
+    try:
+        wait_for(lambda: state(db, job_id) == ("running", first.pid), 30, "the first worker's grab")
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    return job_id
+
+
+def test_a_restarted_worker_takes_back_its_dead_predecessors_job_at_once(
+    store_url: str, tmp_path: Path
+) -> None:
+    db = homing.connect(store_url)
+    assert isinstance(db, homing.Database)
+    job_id = kill_holding(db, store_url, "w-takeover", tmp_path)
+    handle = job_id
+    second = worker(store_url, "w-takeover", tmp_path / "second.log")
+    try:
+        took = wait_for(lambda: state(db, job_id)[0] == "done", 30, "the job, taken back")
+    finally:
+        second.send_signal(signal.SIGTERM)
+        second.wait(30)
+    assert took < 30  # the lease was 60 s: it was ended, not waited out
+    assert effects(db) == [(job_id, 2)]  # once, by the second attempt
+    history = [f.kind for f in db.details(handle).failures]
+    assert history == ["lease_expired"], history  # the takeover is on record
+    db.close()
+
+
+def test_a_worker_of_another_name_leaves_the_job_to_its_lease(
+    store_url: str, tmp_path: Path
+) -> None:
+    db = homing.connect(store_url)
+    assert isinstance(db, homing.Database)
+    job_id = kill_holding(db, store_url, "w-dead", tmp_path)
+    other = worker(store_url, "w-other", tmp_path / "other.log")
+    try:
+        time.sleep(3)  # it started, grabbed what it could, and idles
+        assert other.poll() is None
+        assert state(db, job_id)[0] == "running"  # still the dead process's until 60 s
+    finally:
+        other.send_signal(signal.SIGTERM)
+        other.wait(30)
+    assert effects(db) == []
+    db.close()
+
+
+class _Named:
+    def __init__(self, db: homing.Database, name: str) -> None:
+        self.db, self.name, self.worker_id = db, name, f"{socket.gethostname()}:1:{name}"
+
+
+def test_only_dead_processes_of_the_same_name_and_host_lose_their_leases(
+    db: homing.Database,
+) -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid that no longer runs
+    holders = {
+        "dead-same": (gone.pid, "w1", socket.gethostname()),
+        "alive-same": (subprocess.os.getppid(), "w1", socket.gethostname()),  # type: ignore[attr-defined]
+        "dead-other-name": (gone.pid, "w2", socket.gethostname()),
+        "dead-other-host": (gone.pid, "w1", "another-host"),
+    }
+    ids = {}
+    for label in holders:
+        ids[label] = db.insert("noop", {"label": label}).split(":")[-1]
+    jobs = db.grab_many("noop", lock_for=600, limit=10)
+    assert len(jobs) == 4
+    with db.transaction() as t:
+        for label, (pid, name, host) in holders.items():
+            t.tx.execute(
+                "UPDATE homing_jobs SET holder_pid = ?, holder_host = ?, holder_worker = ? "
+                "WHERE id = ?",
+                (pid, host, f"{host}:{pid}:{name}", ids[label]),
+            )
+    assert takeover.take_back(_Named(db, "worker")) == 0  # the default name: never
+    assert takeover.take_back(_Named(db, "w1")) == 1  # type: ignore[arg-type]
+    with db.store.transaction(write=False) as tx:
+        expired = {
+            label
+            for label, job_id in ids.items()
+            if tx.query_one("SELECT lease_expires_at FROM homing_jobs WHERE id = ?", (job_id,))[0]
+            <= db.clock.now()
+        }
+        assert q.leases_on_host(tx, "nobody") == []
+    assert expired == {"dead-same"}
