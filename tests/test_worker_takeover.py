@@ -65,22 +65,30 @@ def kill_holding(db: homing.Database, url: str, name: str, tmp_path: Path) -> st
     return job_id
 
 
-def test_a_restarted_worker_takes_back_its_dead_predecessors_job_at_once(
-    store_url: str, tmp_path: Path
-) -> None:
+def after_restart(store_url: str, tmp_path: Path, dead: str, restarted: str, check: Any) -> Any:
+    """Kill a worker named ``dead`` while it holds a job, start one named ``restarted``,
+    and return ``check(db, job_id)`` (run while the second worker lives) and the db."""
     db = homing.connect(store_url)
     assert isinstance(db, homing.Database)
-    job_id = kill_holding(db, store_url, "w-takeover", tmp_path)
-    handle = job_id
-    second = worker(store_url, "w-takeover", tmp_path / "second.log")
+    job_id = kill_holding(db, store_url, dead, tmp_path)
+    second = worker(store_url, restarted, tmp_path / "second.log")
     try:
-        took = wait_for(lambda: state(db, job_id)[0] == "done", 30, "the job, taken back")
+        return check(db, job_id), db, job_id
     finally:
         second.send_signal(signal.SIGTERM)
         second.wait(30)
+
+
+def test_a_restarted_worker_takes_back_its_dead_predecessors_job_at_once(
+    store_url: str, tmp_path: Path
+) -> None:
+    def done(db: homing.Database, job_id: str) -> float:
+        return wait_for(lambda: state(db, job_id)[0] == "done", 30, "the job, taken back")
+
+    took, db, job_id = after_restart(store_url, tmp_path, "w-takeover", "w-takeover", done)
     assert took < 30  # the lease was 60 s: it was ended, not waited out
     assert effects(db) == [(job_id, 2)]  # once, by the second attempt
-    history = [f.kind for f in db.details(handle).failures]
+    history = [f.kind for f in db.details(job_id).failures]
     assert history == ["lease_expired"], history  # the takeover is on record
     db.close()
 
@@ -88,17 +96,12 @@ def test_a_restarted_worker_takes_back_its_dead_predecessors_job_at_once(
 def test_a_worker_of_another_name_leaves_the_job_to_its_lease(
     store_url: str, tmp_path: Path
 ) -> None:
-    db = homing.connect(store_url)
-    assert isinstance(db, homing.Database)
-    job_id = kill_holding(db, store_url, "w-dead", tmp_path)
-    other = worker(store_url, "w-other", tmp_path / "other.log")
-    try:
+    def still_held(db: homing.Database, job_id: str) -> str:
         time.sleep(3)  # it started, grabbed what it could, and idles
-        assert other.poll() is None
-        assert state(db, job_id)[0] == "running"  # still the dead process's until 60 s
-    finally:
-        other.send_signal(signal.SIGTERM)
-        other.wait(30)
+        return state(db, job_id)[0]
+
+    held, db, _ = after_restart(store_url, tmp_path, "w-dead", "w-other", still_held)
+    assert held == "running"  # still the dead process's until its 60 s lease ends
     assert effects(db) == []
     db.close()
 
@@ -131,14 +134,14 @@ def test_only_dead_processes_of_the_same_name_and_host_lose_their_leases(
                 "WHERE id = ?",
                 (pid, host, f"{host}:{pid}:{name}", ids[label]),
             )
-    assert takeover.take_back(_Named(db, "worker")) == 0  # the default name: never
+    # never under the default name; under w1 only the dead process of this host
+    assert takeover.take_back(_Named(db, "worker")) == 0  # type: ignore[arg-type]
     assert takeover.take_back(_Named(db, "w1")) == 1  # type: ignore[arg-type]
     with db.store.transaction(write=False) as tx:
-        expired = {
-            label
-            for label, job_id in ids.items()
-            if tx.query_one("SELECT lease_expires_at FROM homing_jobs WHERE id = ?", (job_id,))[0]
-            <= db.clock.now()
+        expiry = {
+            label: tx.query_one("SELECT lease_expires_at FROM homing_jobs WHERE id = ?", (i,))
+            for label, i in ids.items()
         }
         assert q.leases_on_host(tx, "nobody") == []
+    expired = {label for label, row in expiry.items() if row and row[0] <= db.clock.now()}
     assert expired == {"dead-same"}
