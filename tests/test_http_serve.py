@@ -44,6 +44,8 @@ def test_homing_serve_receives_and_drains_the_outbox(stores: Any) -> None:
             "examples.http_orders:setup",
             "--allow-host",
             "127.0.0.1",
+            "--batch",
+            "16",
             "--secret",
             "old=a-retired-secret-of-20",
             "--secret",  # rotation: both verify, the first one signs what serve sends
@@ -120,6 +122,8 @@ def test_serve_refuses_bad_flags(tmp_path: Path) -> None:
     assert result.exit_code != 0 and "KEYID=SECRET" in result.output
     result = runner.invoke(cli, ["--db", url, "serve", "--secret", "k=short"])
     assert result.exit_code != 0 and "16 characters" in result.output
+    result = runner.invoke(cli, ["--db", url, "serve", "--batch", "-1"])
+    assert result.exit_code != 0 and "--batch" in result.output
 
 
 def test_the_example_runs() -> None:

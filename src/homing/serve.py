@@ -124,6 +124,14 @@ def _dashboard_access(host: str, token: str | None) -> Any:
 )
 @click.option("--no-dispatch", is_flag=True, help="Do not drain the outbox in this process.")
 @click.option(
+    "--batch",
+    type=click.IntRange(0, 256),
+    default=0,
+    show_default=True,
+    help="Send Option 2 messages to homing receivers up to this many a request (0: one a "
+    "request); see docs/http.md, Batches.",
+)
+@click.option(
     "--secret",
     "secrets",
     multiple=True,
@@ -159,6 +167,7 @@ def serve(
     max_body: int,
     retention: float,
     no_dispatch: bool,
+    batch: int,
     secrets: tuple[str, ...],
     webhook_secrets: tuple[str, ...],
     dashboard_token: str | None,
@@ -181,7 +190,7 @@ def serve(
             dispatch=not no_dispatch,
             secrets=dict(keys) if keys else None,
             webhook_secrets=list(webhook_secrets) or None,
-            dispatcher_options={"signing": {"*": keys[0]}} if keys else None,
+            dispatcher_options={"batch": batch, **({"signing": {"*": keys[0]}} if keys else {})},
         )
         for spec in nodes:
             path, sep, target = spec.partition("=")
