@@ -11,7 +11,6 @@ a message, meaning what it would mean alone; a batch that cannot be read is refu
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -84,10 +83,7 @@ def checked_row(
         except InvalidArgument as exc:
             raise Refused(400, str(exc)) from exc
     # the same digest as the message would have had alone: a repeat is known either way
-    verb = b"" if message.method == "POST" else message.method.encode() + b"\0"
-    digest = hashlib.sha256(
-        verb + path.encode() + b"\0" + ctype.encode() + b"\0" + message.body
-    ).hexdigest()
+    digest = _ingress.body_digest(message.method, path, ctype, message.body)
     row = receiver._new_row(msg_id, path, "send", digest, ctype, message.body, None)
     return row, receiver.inbox.at_receipt_for(path)
 
@@ -101,13 +97,14 @@ async def receive_batch(receiver: Receiver, request: Request) -> Response:
         )
     except Refused as exc:
         return _ingress.problem(exc.status, str(exc), **headers)
+    except batch_wire.TooManyMessages as exc:
+        return _ingress.problem(413, str(exc), **headers)
     except InvalidArgument as exc:
-        too_many = "at most" in str(exc) and "messages" in str(exc)
-        return _ingress.problem(413 if too_many else 400, str(exc), **headers)
+        return _ingress.problem(400, str(exc), **headers)
     except ClientDisconnect:
         return Response(status_code=400)
     root = str(request.scope.get("root_path", ""))
-    results: list[dict[str, Any]] = [{}] * len(messages)
+    results: list[dict[str, Any]] = [{} for _ in messages]  # each set below
     rows: list[tuple[int, q.InboxRow]] = []
     receipts: list[Receipt] = []
     for i, message in enumerate(messages):
@@ -148,9 +145,5 @@ def _result(receiver: Receiver, row: q.InboxRow, outcome: Any) -> dict[str, Any]
         }
     receiver.stats["duplicates"] += 1
     if outcome.body_hash != row.body_hash or outcome.mode != row.mode:
-        return {
-            "status": 422,
-            "detail": f"message {row.id} was already received with a different body, path "
-            "or mode; a message id names one message: make a new id for a new message",
-        }
+        return {"status": 422, "detail": _ingress.reused_id(row.id)}
     return {"status": 204}

@@ -166,7 +166,7 @@ class Batcher:
         )
         failpoint("http.sender.batch_before_request")
         d.stats["attempts"] += len(live)
-        d.stats["batches"] = d.stats.get("batches", 0) + 1
+        d.stats["batches"] += 1
         try:
             resp = await clients.trusted.request(
                 "POST", batch_url, content=body, headers={"content-type": batch_wire.BATCH_TYPE}
@@ -175,6 +175,8 @@ class Batcher:
             await self._each(d._retry, live, token, f"{type(exc).__name__}: {exc}")
             return
         if resp.status_code in _NOT_TAKEN:  # no batches there (any more): each goes alone
+            if len(self.refused) >= MAX_TRACKED:
+                self.refused.clear()  # forgotten ones are tried once more, then refused again
             self.refused.add(batch_url)
             self.urls = {u: b for u, b in self.urls.items() if b != batch_url}
             for row in live:

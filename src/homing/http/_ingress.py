@@ -38,6 +38,24 @@ def problem(status: int, detail: str, **headers: str) -> Response:
     )
 
 
+def body_digest(method: str, path: str, content_type: str, body: bytes) -> str:
+    """What a message id names: its method (but POST), node path, content type and body. A
+    message sent alone and the same message in a batch must hash alike, or a repeat of the
+    one would be taken for a new message (or refused as another)."""
+    verb = b"" if method == "POST" else method.encode() + b"\0"  # POST keeps the old hashes
+    return hashlib.sha256(
+        verb + path.encode() + b"\0" + content_type.encode() + b"\0" + body
+    ).hexdigest()
+
+
+def reused_id(msg_id: str) -> str:
+    """The 422 detail of a message id sent again with another body, path or mode."""
+    return (
+        f"message {msg_id} was already received with a different body, path or mode; a "
+        "message id names one message: make a new id for a new message"
+    )
+
+
 def header_map(request: Request) -> dict[str, str]:
     """Request headers by lower-case name; repeated fields joined with ', ' (RFC 9110)."""
     out: dict[str, str] = {}

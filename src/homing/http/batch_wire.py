@@ -40,6 +40,10 @@ MAX_BATCH_MESSAGES = 256
 _MAX_META = 64 * 1024  # bytes of one message's JSON line (headers included)
 
 
+class TooManyMessages(InvalidArgument):
+    """A batch over the receiver's count of messages (413: send fewer a batch)."""
+
+
 class BatchMessage(NamedTuple):
     method: str
     target: str  # path and query, as the sender signed them
@@ -63,7 +67,7 @@ def decode_batch(data: bytes, *, max_messages: int, max_body: int) -> list[Batch
     at, end = 0, len(data)
     while at < end:
         if len(messages) >= max_messages:
-            raise InvalidArgument(f"a batch holds at most {max_messages} messages")
+            raise TooManyMessages(f"a batch holds at most {max_messages} messages")
         newline = data.find(b"\n", at, at + _MAX_META + 1)
         if newline < 0:
             raise InvalidArgument(

@@ -130,6 +130,7 @@ class Dispatcher:
         self.handoff = _claims.Handoff(bound=2 * max_in_flight, lease=self.claim_lease)
         self._claim_now = True  # look in the store at the next turn, not only on the timer
         self.stats = {"attempts": 0, "delivered": 0, "retries": 0, "failed": 0, "deletes": 0}
+        self.stats["batches"] = 0  # requests that carried a batch (batch_wire)
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
 import logging
 import threading
 import time
@@ -364,11 +363,7 @@ class Receiver:
                 raise _Refused(422, str(exc)) from exc
         elif response_url:
             raise _Refused(400, "Homing-Response-Url is only for Homing-Mode job")
-        # a method other than POST is part of what the id names (POST keeps the old hashes)
-        verb = b"" if request.method == "POST" else request.method.encode() + b"\0"
-        digest = hashlib.sha256(
-            verb + path.encode() + b"\0" + ctype.encode() + b"\0" + body
-        ).hexdigest()
+        digest = _ingress.body_digest(request.method, path, ctype, body)
         if is_reply:
             return await self._receive_reply(request, msg_id, digest, ctype, body)
         if mode == "put":
@@ -386,11 +381,7 @@ class Receiver:
         else:
             self.stats["duplicates"] += 1
             if existing.body_hash != digest or existing.mode != mode:
-                raise _Refused(
-                    422,
-                    f"message {msg_id} was already received with a different body, path "
-                    "or mode; a message id names one message: make a new id for a new message",
-                )
+                raise _Refused(422, _ingress.reused_id(msg_id))
         if mode == "send":  # says where a sender may send the next ones in batches
             headers = self._headers()
             if self.batches:

@@ -180,7 +180,7 @@ class LossyNetwork:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if scope.get("path", "").endswith(BATCH_SUFFIX):
+        if scope.get("path", "").endswith(_batch_path()):
             await self._batch(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])
@@ -238,7 +238,10 @@ class LossyNetwork:
         await _answer(send, 200, batch_wire.encode_results(results), headers)
 
 
-BATCH_SUFFIX = "/_homing/batch"
+def _batch_path() -> str:
+    from homing.http import batch_wire, wire  # (homing.http loads with the receiver only)
+
+    return wire.INTERNAL + batch_wire.BATCH_PATH
 
 
 async def _request_body(receive: Any) -> bytes:
