@@ -553,6 +553,30 @@ def test_complete_many_is_all_or_none(jobs: JobAPI, clock: ManualClock) -> None:
     assert all(jobs.details(j.handle).state == "done" for j in batch)
 
 
+def test_complete_each_holds_each_job_to_its_own_lease(jobs: JobAPI, clock: ManualClock) -> None:
+    """Jobs of several leases in one completion: each must still hold its own lease (one
+    statement on PostgreSQL pairs each job with its token). A job re-leased to someone
+    else is refused, even though a token of the same call is that of a live lease."""
+    jobs.insert_many([("t", i) for i in range(4)])
+    old = jobs.grab_many("t", lock_for=10, limit=2)
+    clock.advance(11)  # the first lease expires
+    fresh = jobs.grab_many("t", lock_for=60, limit=3)  # the two still ready + one expired
+    assert len(fresh) == 3
+    retaken = next(j for j in fresh if j.handle in {o.handle for o in old})
+    stale = next(o for o in old if o.handle == retaken.handle)
+    kept = next(o for o in old if o.handle != retaken.handle)
+    others = [j for j in fresh if j.handle != retaken.handle]
+    refused = jobs.complete_each([stale, kept, *others])  # three leases in one call
+    assert [(j.handle, type(e)) for j, e in refused] == [(stale.handle, StaleLease)]
+    assert jobs.details(retaken.handle).state == "running"  # not completed by the stale pair
+    assert jobs.details(kept.handle).state == "done"  # expired, but taken by no one since
+    assert all(jobs.details(j.handle).state == "done" for j in others)
+    # the same job twice, the stale pair first: the live one completes it
+    refused = jobs.complete_each([stale, retaken, *others])  # (a repeat of others: accepted)
+    assert [(j.handle, type(e)) for j, e in refused] == [(stale.handle, StaleLease)]
+    assert jobs.details(retaken.handle).state == "done"
+
+
 def test_grab_many_beyond_sqlite_variable_limit(db: homing.Database) -> None:
     for _ in range(4):
         db.insert_many([("bulk", None)] * 10_000)

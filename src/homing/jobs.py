@@ -334,8 +334,8 @@ class JobOps:
         pairs = [(self.id_of(j), j.lease_token) for j in jobs]
         done = q.finish_leased(tx, pairs, now=self.store.clock.now())
         refused: list[tuple[Job, HomingError]] = []
-        for job, (job_id, _) in zip(jobs, pairs, strict=True):
-            if job_id in done:
+        for job, pair in zip(jobs, pairs, strict=True):
+            if pair in done:
                 continue
             try:  # explain it (or accept a repeat of a completion that already applied)
                 self.complete(tx, job, None)

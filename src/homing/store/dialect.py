@@ -161,8 +161,10 @@ class SqlDialect:
         request (a dialect whose ``grab`` takes them itself returns [])."""
         raise NotImplementedError
 
-    def finish_leased(self, tx: Tx, pairs: Sequence[tuple[str, str]], *, now: float) -> set[str]:
-        """Mark done every (job id, lease token) that still holds its lease; the ids done."""
+    def finish_leased(
+        self, tx: Tx, pairs: Sequence[tuple[str, str]], *, now: float
+    ) -> set[tuple[str, str]]:
+        """Mark done every (job id, lease token) that still holds its lease; the pairs done."""
         raise NotImplementedError
 
     def finish_many(self, tx: Tx, job_ids: Sequence[str], token: str, *, now: float) -> int:

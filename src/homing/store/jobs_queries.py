@@ -322,9 +322,12 @@ def forget_idle(tx: Tx, channel: str) -> None:
     )
 
 
-def finish_leased(tx: Tx, pairs: Sequence[tuple[str, str]], *, now: float) -> set[str]:
+def finish_leased(
+    tx: Tx, pairs: Sequence[tuple[str, str]], *, now: float
+) -> set[tuple[str, str]]:
     """Mark done each (job id, lease token) whose lease still holds, in one statement
-    where the backend allows; returns the ids done. Refused ones are left as they are."""
+    where the backend allows; returns the pairs done (a job given twice, under a stale
+    and a live token, is done by one pair only). Refused ones are left as they are."""
     return tx.sql.finish_leased(tx, pairs, now=now) if pairs else set()
 
 

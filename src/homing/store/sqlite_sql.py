@@ -261,8 +261,10 @@ class SqliteSql(SqlDialect):
         found = [r[:-2] for r in candidates[: g.limit]]
         return self._lease(tx, g, columns, found) if found else []
 
-    def finish_leased(self, tx: Tx, pairs: Sequence[tuple[str, str]], *, now: float) -> set[str]:
-        done: set[str] = set()
+    def finish_leased(
+        self, tx: Tx, pairs: Sequence[tuple[str, str]], *, now: float
+    ) -> set[tuple[str, str]]:
+        done: set[tuple[str, str]] = set()
         step = _MAX_VARS // 2
         for start in range(0, len(pairs), step):
             chunk = pairs[start : start + step]
@@ -270,8 +272,8 @@ class SqliteSql(SqlDialect):
             rows = tx.query(
                 "UPDATE homing_jobs SET state = 'done', finished_at = ?, lease_expires_at = NULL "
                 f"WHERE (id, lease_token) IN (VALUES {', '.join('(?, ?)' for _ in chunk)}) "
-                "AND state = 'running' RETURNING id",
+                "AND state = 'running' RETURNING id, lease_token",
                 [now, *flat],
             )
-            done.update(str(r[0]) for r in rows)
+            done.update((str(r[0]), str(r[1])) for r in rows)
         return done
