@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import pytest
 
 import homing
-from homing import InvalidArgument, InvalidFilter, InvalidState, JobNotFound, StaleLease
+from homing import InvalidArgument, InvalidFilter, InvalidState, JobNotFound, JobSpec, StaleLease
 from homing.clock import ManualClock
 from homing.job_api import JobAPI
 from homing.jobs import DEFAULT_RETENTION_S
@@ -575,6 +575,26 @@ def test_complete_each_holds_each_job_to_its_own_lease(jobs: JobAPI, clock: Manu
     refused = jobs.complete_each([stale, retaken, *others])  # (a repeat of others: accepted)
     assert [(j.handle, type(e)) for j, e in refused] == [(stale.handle, StaleLease)]
     assert jobs.details(retaken.handle).state == "done"
+
+
+def test_an_expired_lease_left_by_a_full_grab_is_taken_by_the_next(
+    jobs: JobAPI, clock: ManualClock
+) -> None:
+    """A grab filled by ready jobs that come first leaves an expired lease it found; the
+    next grab must take it (the search for expired leases resumes from a mark, which must
+    not pass it)."""
+    jobs.insert_many([JobSpec("t", {"n": "r"}, run_at=clock.now() - 5) for _ in range(3)])
+    expired_handle = jobs.insert("t", {"n": "e"})
+    held = jobs.grab("t", lock_for=10, where={"n": "e"})
+    assert held is not None and held.handle == expired_handle
+    clock.advance(11)
+    first = jobs.grab_many("t", lock_for=60, limit=3)
+    if isinstance(jobs, homing.Database):  # one store: one order (shards grab each their own)
+        assert [j.args["n"] for j in first] == ["r", "r", "r"]  # due before the lease expired
+    second = jobs.grab_many("t", lock_for=60, limit=3)
+    assert len(first) == 3 and len(second) == 1  # the one left, taken at once
+    assert expired_handle in {j.handle for j in first + second}
+    assert [j.attempts for j in first + second if j.handle == expired_handle] == [2]
 
 
 def test_grab_many_beyond_sqlite_variable_limit(db: homing.Database) -> None:

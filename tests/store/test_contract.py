@@ -409,6 +409,63 @@ def test_completions_do_not_read_the_index_of_running_jobs(store_url: str) -> No
         db.close()
 
 
+@pytest.mark.parametrize("backend", ["postgres"])  # MVCC: dead index entries are PostgreSQL's
+def test_grabs_that_fill_their_limit_do_not_walk_finished_leases(store_url: str) -> None:
+    """The search for expired leases starts from a mark (ExpiryMarks) so that it does not
+    walk the entries finished jobs left in homing_jobs_leases. A grab that took as many
+    jobs as it asked for kept no mark, so in a batched cycle (insert 100, grab 100,
+    complete 100) every grab walked them all from the start. Measured on the statement the
+    next grab sends (EXPLAIN, rolled back): the grabs run on the lease sessions, whose
+    statistics reach pg_statio only a second or more later."""
+    from homing.store import jobs_queries as q
+
+    clock = homing.ManualClock(start=1_800_000_000.0)
+    db = homing.connect(store_url, pool_size=1, clock=clock)
+    try:
+        with db.store.transaction() as tx:  # no VACUUM behind the test's back
+            tx.execute("ALTER TABLE homing_jobs SET (autovacuum_enabled = false)")
+        for _ in range(150):  # a batch every 10 s, each leased for 60 s and completed
+            db.insert_many([("contract_m", {"i": i}) for i in range(50)])
+            jobs = db.grab_many(["contract_m"], lock_for=60, limit=50)
+            assert len(jobs) == 50  # each grab fills its limit
+            db.complete_many(jobs)
+            clock.advance(10)
+        db.insert_many([("contract_m", {"i": i}) for i in range(50)])
+        with db.store.transaction() as tx:
+            capture = _Capture(tx)
+            lease = q.Lease("t", db.clock.now() + 60, "h", 1, "w")
+            q.grab_jobs(capture, ["contract_m"], now=db.clock.now(), lease=lease, limit=50, where=None)  # type: ignore[arg-type]
+            ((sql, params),) = capture.statements
+            tx.execute("SAVEPOINT explain")
+            (plan,) = tx.query_one("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params)  # type: ignore[misc]
+            tx.execute("ROLLBACK TO SAVEPOINT explain")
+        read = _index_blocks(plan[0]["Plan"], "homing_jobs_leases")
+        # The statement's index scan: its index pages and the table pages of the entries it
+        # has not seen dead yet. From the mark, one batch's entries: 9-11 pages after 30,
+        # 80 or 150 batches; from the start, all of them: 16, 27, 46 pages.
+        assert read <= 20, f"a grab read {read} pages of the running-jobs index"
+    finally:
+        db.close()
+
+
+class _Capture:
+    """Records the statements of a grab instead of running them (for EXPLAIN)."""
+
+    def __init__(self, tx: Any) -> None:
+        self.real, self.sql, self.store, self.dialect = tx, tx.sql, tx.store, tx.dialect
+        self.statements: list[tuple[str, list[Any]]] = []
+
+    def query(self, sql: str, params: Any = ()) -> list[Any]:
+        self.statements.append((sql, list(params)))
+        return []
+
+
+def _index_blocks(node: dict[str, Any], index: str) -> int:
+    own = node.get("Shared Hit Blocks", 0) + node.get("Shared Read Blocks", 0)
+    here = own if node.get("Index Name") == index else 0
+    return here + sum(_index_blocks(c, index) for c in node.get("Plans", []))
+
+
 def _table_pages_read(db: homing.Database) -> int:
     return _pages_read(
         db,

@@ -60,6 +60,8 @@ class SqlDialect:
 
     name: ClassVar[Dialect]
     pyformat: ClassVar[bool]  # psycopg wants %s placeholders; statements are written with ?
+    # grab's rows end with (expired leases found, earliest expiry found and not leased)
+    reports_expired: ClassVar[bool] = False
     lock_rows: ClassVar[str]  # " FOR UPDATE" where rows are locked, "" on a single-writer store
     skip_locked: ClassVar[str]  # " FOR UPDATE SKIP LOCKED", or "" on a single-writer store
 

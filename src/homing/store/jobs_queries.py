@@ -159,14 +159,26 @@ class ExpiryMarks:
             return None
         return low
 
-    def advance(self, types: tuple[str, ...], now: float, low: float | None, filled: bool) -> None:
+    def advance(
+        self,
+        types: tuple[str, ...],
+        now: float,
+        low: float | None,
+        *,
+        limit: int,
+        found: int,
+        left: float | None,
+    ) -> None:
+        """After a search from ``low`` that found ``found`` expired leases (it stops at
+        ``limit``) and left some of them to a later grab (``left``: the earliest expiry of
+        those, if any: a grab filled by ready jobs of the same priority leaves them)."""
         mark = self._marks.get(types)
         full_at = time.monotonic() + self.full_every if low is None or mark is None else mark[1]
-        if filled:  # more may be waiting below now: search from the same place next time
+        if found >= limit:  # more may be waiting below now: search from the same place
             if low is not None:
                 self._marks[types] = (low, full_at)
             return
-        self._marks[types] = (now - self.margin, full_at)
+        self._marks[types] = (min(now, left if left is not None else now) - self.margin, full_at)
 
 
 _EXPIRY_MARKS: weakref.WeakKeyDictionary[Any, ExpiryMarks] = weakref.WeakKeyDictionary()
@@ -228,9 +240,11 @@ def grab_jobs(
     )
     rows = tx.sql.grab(tx, request, _GRAB_COLS)
     if marks is not None:
-        # filled by any rows (ready ones too): then an expired lease may have lost its place
-        # to a ready job of the same priority, so the mark must not pass it
-        marks.advance(key, now, low, filled=len(rows) >= limit)
+        if tx.sql.reports_expired and rows:  # what the search for expired leases found
+            found, left = int(rows[0][-2]), rows[0][-1]
+        else:  # filled by any rows (ready ones too), an expired lease may have lost its
+            found, left = (limit if len(rows) >= limit else 0), None  # place: keep the mark
+        marks.advance(key, now, low, limit=limit, found=found, left=left)
     if len(rows) < limit:
         rows += tx.sql.grab_staged(tx, replace(request, limit=limit - len(rows)), _GRAB_COLS)
     n = len(GRAB_COLUMNS)

@@ -80,6 +80,15 @@ def _jstr_or_null(value: str | None) -> str:
     return "null" if value is None else _jstr(value)
 
 
+# After each leased row: how many expired leases the search for them found (it stops at
+# the limit), and the earliest expiry among those it found but did not lease (they lost
+# their place to ready jobs under the limit), for jobs_queries.ExpiryMarks.
+_EXPIRED_SUMMARY = (
+    ", (SELECT count(*) FROM expired) AS expired_found, (SELECT min(e.avail) FROM expired e "
+    "WHERE e.ctid <> ALL (ARRAY(SELECT ctid FROM c))) AS expired_left"
+)
+
+
 def _returning(columns: str) -> str:
     cols = ", ".join(f"j.{c.strip()}" for c in columns.split(","))
     return f"RETURNING {cols}, c.old_state, c.old_host, c.old_pid, c.old_worker, c.old_exp"
@@ -87,6 +96,7 @@ def _returning(columns: str) -> str:
 
 class PostgresSql(SqlDialect):
     name = "postgres"
+    reports_expired = True
     pyformat = True
     lock_rows = " FOR UPDATE"
     skip_locked = " FOR UPDATE SKIP LOCKED"
@@ -309,6 +319,7 @@ class PostgresSql(SqlDialect):
             "SELECT *, 0 AS kind FROM expired UNION ALL SELECT *, 1 AS kind FROM staged) u "
             "ORDER BY kind, priority DESC, avail, seq LIMIT ?)",
             [*ready_params, *expired_params, *staged_params, g.limit],
+            tail=_EXPIRED_SUMMARY,
         )
 
     def grab_staged(self, tx: Tx, g: GrabRequest, columns: str) -> list[tuple[Any, ...]]:
@@ -316,7 +327,7 @@ class PostgresSql(SqlDialect):
 
     @staticmethod
     def _lease(
-        tx: Tx, g: GrabRequest, columns: str, pick: str, params: list[Any]
+        tx: Tx, g: GrabRequest, columns: str, pick: str, params: list[Any], tail: str = ""
     ) -> list[tuple[Any, ...]]:
         """Lease the rows of CTE ``c`` (``pick``); a takeover of an expired lease is
         recorded in the failure history in the same statement. With ``idle_channel`` the
@@ -353,7 +364,7 @@ class PostgresSql(SqlDialect):
             "SELECT id, attempts - 1, ?, 'lease_expired', old_host, old_pid, old_worker, "
             "'lease expired at ' || round(old_exp::numeric, 3)::text "
             "|| ' without completion; handed out again' FROM upd WHERE old_state = 'running')"
-            f"{idle} SELECT * FROM upd",
+            f"{idle} SELECT *{tail} FROM upd",
             [*params, *g.lease_params, g.now, *idle_params],
         )
 
