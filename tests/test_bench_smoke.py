@@ -82,3 +82,20 @@ def test_before_after_runs_a_cell_on_both_versions(tmp_path: Path) -> None:
     assert row.rstrip(" |").endswith("x"), row  # a ratio, so both sides produced a rate
     written = out.read_text()
     assert "python -m bench.ab --base HEAD" in written and row in written
+
+
+@pytest.mark.timeout(120)
+def test_statement_costs_run_on_two_trees() -> None:
+    """bench/statements.py times the job path's statements as the job API sends them, on
+    every tree given (here the working tree twice): a table row each."""
+    proc = subprocess.run(
+        [sys.executable, "bench/statements.py", "--batch", "5", "--rounds", "2", "--passes", "1"]
+        + ["--src", "src", str(ROOT / "src")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = [ln for ln in proc.stdout.splitlines() if "insert" in ln and "complete" in ln]
+    assert len(rows) == 2, proc.stdout
