@@ -258,57 +258,12 @@ class PostgresSql(SqlDialect):
         )
 
     def grab(self, tx: Tx, g: GrabRequest, columns: str) -> list[tuple[Any, ...]]:
-        if len(g.types) == 1:
-            ready = (
-                f"SELECT {_OLD}, priority, run_at AS avail FROM homing_jobs WHERE type = ? "
-                f"AND state = 'ready' AND batch_id IS NULL AND run_at <= ?{g.where_sql} "
-                "ORDER BY priority DESC, run_at, seq LIMIT ? FOR UPDATE SKIP LOCKED"
-            )
-            ready_params: list[Any] = [g.types[0], g.now, *g.where_params, g.limit]
-        else:
-            # One ordered index scan per type (LATERAL), merged: `type = ANY(...)` would
-            # make PostgreSQL sort every ready job of those types on each grab.
-            ready = (
-                "SELECT c.* FROM unnest(?::text[]) AS t(name) CROSS JOIN LATERAL ("
-                f"SELECT {_OLD}, priority, run_at AS avail FROM homing_jobs WHERE type = t.name "
-                f"AND state = 'ready' AND batch_id IS NULL AND run_at <= ?{g.where_sql} "
-                "ORDER BY priority DESC, run_at, seq LIMIT ? FOR UPDATE SKIP LOCKED) c"
-            )
-            ready_params = [list(g.types), g.now, *g.where_params, g.limit]
-        low = "" if g.expired_after is None else " AND lease_expires_at > ?"
-        expired = (
-            f"SELECT {_OLD}, priority, lease_expires_at AS avail FROM homing_jobs "
-            f"WHERE type = ANY(?) AND state = 'running' AND lease_expires_at <= ?{low}"
-            f"{g.where_sql} ORDER BY priority DESC, lease_expires_at, seq LIMIT ? "
-            "FOR UPDATE SKIP LOCKED"
-        )
-        expired_params = [
-            list(g.types),
-            g.now,
-            *([] if g.expired_after is None else [g.expired_after]),
-            *g.where_params,
-            g.limit,
-        ]
-        # Jobs of committed staged batches come after the others (kind 1), in the same
-        # statement: an empty grab is one round trip.
-        # One ordered scan of homing_jobs_staged_ready per committed batch and type
-        # (LATERAL), each stopping at the limit: `batch_id IN (...)` made PostgreSQL read
-        # and sort every job of every committed batch on each grab. Only the batches that
-        # still hold ready jobs (staged_batches, a loose scan of that index): the drained
-        # ones stay for the retention, and probing each cost 5.4 ms a grab at 5,000 (see
-        # bench/grab_cases.py). Their
-        # state is looked up per batch (a subquery), not joined: the planner hashed the
-        # whole table of batches for the join.
-        staged = (
-            "SELECT c.* FROM (SELECT s.batch_id FROM staged_batches s WHERE (SELECT k.state "
-            "FROM homing_job_batches k WHERE k.batch_id = s.batch_id) = 'committed') b "
-            "CROSS JOIN unnest(?::text[]) AS t(name) "
-            f"CROSS JOIN LATERAL (SELECT {_OLD}, priority, run_at AS avail FROM homing_jobs "
-            "WHERE batch_id = b.batch_id AND type = t.name AND state = 'ready' "
-            f"AND run_at <= ?{g.where_sql} ORDER BY priority DESC, seq LIMIT ? "
-            "FOR UPDATE SKIP LOCKED) c"
-        )
-        staged_params = [list(g.types), g.now, *g.where_params, g.limit]
+        """Ready jobs, expired leases and jobs of committed staged batches, in one statement
+        (an empty grab is one round trip): the best priority first, then the longest
+        waiting; staged jobs after the others (kind 1)."""
+        ready, ready_params = _ready_pick(g)
+        expired, expired_params = _expired_pick(g)
+        staged, staged_params = _staged_pick(g)
         return self._lease(
             tx,
             g,
@@ -395,3 +350,62 @@ class PostgresSql(SqlDialect):
 
     def finish_many(self, tx: Tx, job_ids: Sequence[str], token: str, *, now: float) -> int:
         return len(self.finish_leased(tx, [(i, token) for i in job_ids], now=now))
+
+
+def _ready_pick(g: GrabRequest) -> tuple[str, list[Any]]:
+    """Due ready jobs, through the index of ready jobs (homing_jobs_ready)."""
+    if len(g.types) == 1:
+        return (
+            f"SELECT {_OLD}, priority, run_at AS avail FROM homing_jobs WHERE type = ? "
+            f"AND state = 'ready' AND batch_id IS NULL AND run_at <= ?{g.where_sql} "
+            "ORDER BY priority DESC, run_at, seq LIMIT ? FOR UPDATE SKIP LOCKED",
+            [g.types[0], g.now, *g.where_params, g.limit],
+        )
+    # One ordered index scan per type (LATERAL), merged: `type = ANY(...)` would make
+    # PostgreSQL sort every ready job of those types on each grab.
+    return (
+        "SELECT c.* FROM unnest(?::text[]) AS t(name) CROSS JOIN LATERAL ("
+        f"SELECT {_OLD}, priority, run_at AS avail FROM homing_jobs WHERE type = t.name "
+        f"AND state = 'ready' AND batch_id IS NULL AND run_at <= ?{g.where_sql} "
+        "ORDER BY priority DESC, run_at, seq LIMIT ? FOR UPDATE SKIP LOCKED) c",
+        [list(g.types), g.now, *g.where_params, g.limit],
+    )
+
+
+def _expired_pick(g: GrabRequest) -> tuple[str, list[Any]]:
+    """Expired leases, through the index of running jobs, from the mark when there is one
+    (jobs_queries.ExpiryMarks)."""
+    low = "" if g.expired_after is None else " AND lease_expires_at > ?"
+    return (
+        f"SELECT {_OLD}, priority, lease_expires_at AS avail FROM homing_jobs "
+        f"WHERE type = ANY(?) AND state = 'running' AND lease_expires_at <= ?{low}"
+        f"{g.where_sql} ORDER BY priority DESC, lease_expires_at, seq LIMIT ? "
+        "FOR UPDATE SKIP LOCKED",
+        [
+            list(g.types),
+            g.now,
+            *([] if g.expired_after is None else [g.expired_after]),
+            *g.where_params,
+            g.limit,
+        ],
+    )
+
+
+def _staged_pick(g: GrabRequest) -> tuple[str, list[Any]]:
+    """Ready jobs of committed staged batches: one ordered scan of
+    homing_jobs_staged_ready per committed batch and type (LATERAL), each stopping at the
+    limit (`batch_id IN (...)` made PostgreSQL read and sort every job of every committed
+    batch on each grab). Only the batches that still hold ready jobs (staged_batches, a
+    loose scan of that index): the drained ones stay for the retention, and probing each
+    cost 5.4 ms a grab at 5,000 (bench/grab_cases.py). Their state is looked up per batch
+    (a subquery), not joined: the planner hashed the whole table of batches for the join."""
+    return (
+        "SELECT c.* FROM (SELECT s.batch_id FROM staged_batches s WHERE (SELECT k.state "
+        "FROM homing_job_batches k WHERE k.batch_id = s.batch_id) = 'committed') b "
+        "CROSS JOIN unnest(?::text[]) AS t(name) "
+        f"CROSS JOIN LATERAL (SELECT {_OLD}, priority, run_at AS avail FROM homing_jobs "
+        "WHERE batch_id = b.batch_id AND type = t.name AND state = 'ready' "
+        f"AND run_at <= ?{g.where_sql} ORDER BY priority DESC, seq LIMIT ? "
+        "FOR UPDATE SKIP LOCKED) c",
+        [list(g.types), g.now, *g.where_params, g.limit],
+    )
