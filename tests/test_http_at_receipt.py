@@ -66,10 +66,15 @@ class Node:
 
     def __init__(self) -> None:
         self.fail_once: set[str] = set()
+        self.spoil_once: set[str] = set()  # change the body it was given, then fail
         self.sleep = 0.0
 
     def __call__(self, body: Any, t: homing.Transaction) -> None:
         key = str(body["k"])
+        if key in self.spoil_once:
+            self.spoil_once.discard(key)
+            body["k"] = "spoilt"
+            raise RuntimeError("failing once, after changing the value it was handed")
         t.tx.execute("INSERT INTO effects (k) VALUES (?)", (key,))
         if self.sleep:
             time.sleep(self.sleep)
@@ -140,6 +145,24 @@ def test_a_handler_failing_at_receipt_is_retried_in_the_background_once(served: 
     assert [_state(db, i)[1] for i in ids] == [2 if i % 4 == 0 else 1 for i in range(20)]
     time.sleep(0.2)
     assert Counter(_effects(db, "f-")) == Counter(f"f-{i}" for i in range(20))
+
+
+def test_a_retry_gets_the_body_as_sent_whatever_the_first_attempt_did_to_its_value(
+    served: Any,
+) -> None:
+    """The first attempt at receipt is handed the body the receiver parsed to check it
+    (not parsed twice); a handler that changes that value and fails must not hand the
+    change to its retry, which parses the stored body again."""
+    db, receiver, node, url = served
+    with httpx.Client(timeout=30) as client:
+        _warm_up(client, db, receiver, url)
+        node.spoil_once = {f"sp-{i}" for i in range(5)}
+        ids = [_post(client, url, {"k": f"sp-{i}"}) for i in range(5)]
+        assert _eventually(lambda: all(_state(db, i)[0] == "done" for i in ids))
+    assert not node.spoil_once
+    assert [_state(db, i)[1] for i in ids] == [2] * 5
+    assert Counter(_effects(db, "sp-")) == Counter(f"sp-{i}" for i in range(5))
+    assert _effects(db, "spoilt") == []
 
 
 def test_a_handler_that_turns_slow_goes_back_to_the_background(served: Any) -> None:

@@ -47,9 +47,9 @@ def node_path(target: str, root_path: str) -> str:
 
 def checked_row(
     receiver: Receiver, message: batch_wire.BatchMessage, root_path: str
-) -> tuple[q.InboxRow, bool]:
-    """The inbox row of one message of a batch, and whether to handle it at receipt;
-    ``Refused`` with the status it would have got alone."""
+) -> tuple[q.InboxRow, bool, Any]:
+    """The inbox row of one message of a batch, whether to handle it at receipt, and its
+    body as the handler sees it; ``Refused`` with the status it would have got alone."""
     path = node_path(message.target, root_path)
     if path not in receiver._nodes:
         raise Refused(404, f"no reliable node at {path[:200]!r} on this receiver")
@@ -77,15 +77,16 @@ def checked_row(
     elif receiver.webhook_secrets:
         raise Refused(401, "this receiver takes Standard Webhooks-signed requests only")
     ctype = headers.get("content-type", wire.BYTES_TYPE)
+    value: Any = message.body  # what the handler gets: the body, parsed if JSON
     if wire.is_json_type(ctype):
         try:
-            wire.strict_json(message.body)
+            value = wire.strict_json(message.body)
         except InvalidArgument as exc:
             raise Refused(400, str(exc)) from exc
     # the same digest as the message would have had alone: a repeat is known either way
     digest = _ingress.body_digest(message.method, path, ctype, message.body)
     row = receiver._new_row(msg_id, path, "send", digest, ctype, message.body, None)
-    return row, receiver.inbox.at_receipt_for(path)
+    return row, receiver.inbox.at_receipt_for(path), value
 
 
 async def receive_batch(receiver: Receiver, request: Request) -> Response:
@@ -109,13 +110,13 @@ async def receive_batch(receiver: Receiver, request: Request) -> Response:
     receipts: list[Receipt] = []
     for i, message in enumerate(messages):
         try:
-            row, handle = checked_row(receiver, message, root)
+            row, handle, value = checked_row(receiver, message, root)
         except Refused as exc:
             receiver.stats["refused"] += 1
             results[i] = {"status": exc.status, "detail": str(exc)}
             continue
         rows.append((i, row))
-        receipts.append(Receipt(receiver.db, receiver.inbox, row, handle))
+        receipts.append(Receipt(receiver.db, receiver.inbox, row, handle, value))
     group = receiver._group()
     outcomes = await asyncio.gather(*(group.run(r) for r in receipts), return_exceptions=True)
     stored = False

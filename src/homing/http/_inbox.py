@@ -57,6 +57,10 @@ def problem_body(status: int, detail: str) -> bytes:
     return json.dumps({**doc, "error": detail}).encode()
 
 
+# The body of a message not parsed yet (``attempt`` parses it); None is a JSON value.
+UNPARSED: Any = object()
+
+
 @dataclass(frozen=True)
 class Answer:
     status: int
@@ -123,13 +127,16 @@ class Inbox:
         with self._run_time_lock:
             self._run_time[path] = rise_fast_fall_slow(self._run_time.get(path), seconds)
 
-    def at_receipt(self, t: Transaction, row: q.InboxRow, done: list[str]) -> bool:
+    def at_receipt(
+        self, t: Transaction, row: q.InboxRow, done: list[str], value: Any = UNPARSED
+    ) -> bool:
         """The first attempt at an Option 2 entry just inserted in ``t`` (not visible to
         anyone else yet, so no lock is needed); True when the handler succeeded. Its id is
         then added to ``done``, which the caller marks done before ``t`` commits
-        (``iq.finish_handled``: one statement for the batch)."""
+        (``iq.finish_handled``: one statement for the batch). ``value``: the body as the
+        receiver parsed it already, if it did."""
         self.stats["handled_at_receipt"] = self.stats.get("handled_at_receipt", 0) + 1
-        return self.attempt(t, row, True, done).status == 200
+        return self.attempt(t, row, True, done, value).status == 200
 
     def handle(
         self,
@@ -168,7 +175,12 @@ class Inbox:
             return self.attempt(t, row, background)
 
     def attempt(
-        self, t: Transaction, row: q.InboxRow, background: bool, done: list[str] | None = None
+        self,
+        t: Transaction,
+        row: q.InboxRow,
+        background: bool,
+        done: list[str] | None = None,
+        value: Any = UNPARSED,
     ) -> Answer:
         """Run the handler once in a savepoint of ``t``; on failure its writes are undone
         and the failure is recorded in ``t`` instead (never a second run for this attempt).
@@ -179,7 +191,8 @@ class Inbox:
             if handler is None:
                 raise PermanentFailure(f"no node at {row.path} handles this message any more")
             with t.tx.savepoint():
-                value = wire.decode_body(row.content_type, row.body or b"")
+                if value is UNPARSED:
+                    value = wire.decode_body(row.content_type, row.body or b"")
                 started = time.perf_counter()
                 try:
                     result = handler(value, t)

@@ -17,7 +17,7 @@ from typing import Any
 
 from homing._failpoints import failpoint
 from homing.database import Database
-from homing.http._inbox import Inbox
+from homing.http._inbox import UNPARSED, Inbox
 from homing.store import http_inbox_queries as iq
 from homing.store import http_queries as q
 from homing.store.protocol import Tx
@@ -31,15 +31,20 @@ HANDLED = Handled()
 
 
 class Receipt:
-    """One new request to store (``row``), and to handle at once when ``handle``."""
+    """One new request to store (``row``), and to handle at once when ``handle``;
+    ``value``: its body as the handler sees it, when the receiver parsed it already (a
+    JSON body, checked before anything is stored), so that it is not parsed twice."""
 
-    __slots__ = ("db", "inbox", "row", "handle", "stored", "done")
+    __slots__ = ("db", "inbox", "row", "handle", "value", "stored", "done")
 
-    def __init__(self, db: Database, inbox: Inbox, row: q.InboxRow, handle: bool) -> None:
+    def __init__(
+        self, db: Database, inbox: Inbox, row: q.InboxRow, handle: bool, value: Any = UNPARSED
+    ) -> None:
         self.db = db
         self.inbox = inbox
         self.row = row
         self.handle = handle
+        self.value = value
         self.stored = False  # set by the batch's begin, in the same transaction
         self.done: list[str] = []
 
@@ -50,7 +55,7 @@ class Receipt:
             return iq.incoming(tx, self.row.id)
         if not self.handle:
             return None
-        self.inbox.at_receipt(self.db.bind(tx), self.row, self.done)
+        self.inbox.at_receipt(self.db.bind(tx), self.row, self.done, self.value)
         failpoint("http.receiver.at_receipt_before_commit")
         return HANDLED
 

@@ -346,8 +346,9 @@ class Receiver:
         body = await _ingress.read_body(request, self.max_body)
         msg_id, mode = self._identify(request, body)
         ctype = request.headers.get("content-type", wire.BYTES_TYPE)
+        value: Any = body  # what the handler gets: the body, parsed if JSON
         if wire.is_json_type(ctype):
-            wire.strict_json(body)  # refuse bad JSON before anything is stored
+            value = wire.strict_json(body)  # refuse bad JSON before anything is stored
         response_url = request.headers.get(wire.RESPONSE_URL)
         if mode == "job":
             if not response_url:
@@ -372,7 +373,7 @@ class Receiver:
             return await self._receive_put(request, msg_id, digest, store)
         row = self._new_row(msg_id, path, mode, digest, ctype, body, response_url)
         handle = mode == "send" and self.inbox.at_receipt_for(path)
-        existing = await self._group().run(Receipt(self.db, self.inbox, row, handle))
+        existing = await self._group().run(Receipt(self.db, self.inbox, row, handle, value))
         if existing is None or isinstance(existing, Handled):
             self.stats["received"] += 1
             failpoint("http.receiver.after_inbox_insert")
