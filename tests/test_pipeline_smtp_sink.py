@@ -45,8 +45,13 @@ class Sink:
         self.thread.start()
 
     def close(self) -> None:
-        self.server.close()
-        self.loop.call_soon_threadsafe(self.loop.stop)
+        # on the loop's own thread: asyncio's Server is not thread-safe (closed from here
+        # while the loop detached a closing connection, it woke its waiters twice)
+        def stop() -> None:
+            self.server.close()
+            self.loop.stop()
+
+        self.loop.call_soon_threadsafe(stop)
         self.thread.join(5)
         self.inbox.file.close()
 
