@@ -73,6 +73,8 @@ class _Capture:
         self.statements.append((self.real._sql(sql), list(params)))
         return []
 
+    execute = query
+
 
 def homing_point(k: int, schema: str) -> dict[str, Any]:
     url = f"{PG}?schema={schema}"

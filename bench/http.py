@@ -120,6 +120,17 @@ async def post_to_receiver(client: Client, base: str, i: int) -> None:
     assert r.status_code == 204, r.status_code
 
 
+async def post_plain(client: Client, base: str, i: int) -> None:
+    """One plain POST to the server's bare no-op endpoint (the receiver's baseline)."""
+    r = await client.request(
+        "POST",
+        base + "/plain",
+        content=json.dumps({"i": i}).encode(),
+        headers={"content-type": "application/json"},
+    )
+    assert r.status_code == 204, r.status_code
+
+
 async def post_batch_to_receiver(client: Client, base: str, i: int, per: int) -> None:
     """``per`` durable Option 2 messages to the no-op node in one batch request."""
     messages = [
@@ -180,13 +191,7 @@ async def run(
     async with Client(max_connections=args.concurrency, timeout=30) as lean:
 
         async def plain_lean(i: int) -> None:
-            r = await lean.request(
-                "POST",
-                base + "/plain",
-                content=json.dumps({"i": i}).encode(),
-                headers={"content-type": "application/json"},
-            )
-            assert r.status_code == 204
+            await post_plain(lean, base, i)
 
         async def receive(i: int) -> None:
             await post_to_receiver(lean, base, i)

@@ -32,13 +32,14 @@ import os
 import subprocess
 import tempfile
 import time
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 
 from bench.common import revision_tree
-from bench.http import SERVER, drop, free_port, post_to_receiver, store_url
+from bench.http import SERVER, drop, free_port, post_plain, post_to_receiver, store_url
 from homing.http._client import Client
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -51,31 +52,21 @@ def cpu_seconds(pid: int) -> float:
 
 async def drive_plain(base: str, n: int) -> float:
     """``n`` plain POSTs to the server's bare no-op endpoint, 32 concurrent."""
-    async with Client(max_connections=32, timeout=30) as client:
-        counter = iter(range(n))
-
-        async def worker() -> None:
-            for i in counter:
-                r = await client.request(
-                    "POST",
-                    base + "/plain",
-                    content=b'{"i": %d}' % i,
-                    headers={"content-type": "application/json"},
-                )
-                assert r.status_code == 204, r.status_code
-
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(32)))
-        return n / (time.perf_counter() - started)
+    return await _drive(base, n, post_plain)
 
 
 async def drive(base: str, n: int) -> float:
+    """``n`` durable Option 2 messages to the receiver's no-op node, 32 concurrent."""
+    return await _drive(base, n, post_to_receiver)
+
+
+async def _drive(base: str, n: int, post: Any) -> float:
     async with Client(max_connections=32, timeout=30) as client:
         counter = iter(range(n))
 
         async def worker() -> None:
             for i in counter:
-                await post_to_receiver(client, base, i)
+                await post(client, base, i)
 
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(32)))

@@ -30,25 +30,10 @@ _CHILD = r"""
 import json, os, sys, time
 import homing, psycopg
 from homing.store import jobs_queries as q
+from bench.grab_cost import _Capture as Capture
 
 schema, batch, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 TICK = os.sysconf("SC_CLK_TCK")
-
-
-class Capture:
-    def __init__(self, tx):
-        self.real, self.statements = tx, []
-        self.sql, self.store, self.dialect = tx.sql, tx.store, tx.dialect
-
-    def query(self, sql, params=()):
-        self.statements.append((self.real._sql(sql), list(params)))
-        return []
-
-    execute = query
-
-    def rowcount(self, sql, params=()):
-        self.query(sql, params)
-        return 0
 
 
 def captured(db, fn):
@@ -100,7 +85,7 @@ print(json.dumps(totals))
 def one_round(src: Path, schema: str, batch: int, rounds: int) -> dict[str, list[float]]:
     out = subprocess.run(
         [sys.executable, "-c", _CHILD, schema, str(batch), str(rounds), PG],
-        env={**os.environ, "PYTHONPATH": str(src)},
+        env={**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{ROOT}"},
         check=True,
         capture_output=True,
         text=True,

@@ -178,7 +178,8 @@ class ExpiryMarks:
             if low is not None:
                 self._marks[types] = (low, full_at)
             return
-        self._marks[types] = (min(now, left if left is not None else now) - self.margin, full_at)
+        start = now if left is None else min(now, left)  # before any lease it left
+        self._marks[types] = (start - self.margin, full_at)
 
 
 _EXPIRY_MARKS: weakref.WeakKeyDictionary[Any, ExpiryMarks] = weakref.WeakKeyDictionary()
