@@ -41,6 +41,7 @@ bench: $(STAMP)
 	@test -f /usr/share/java/postgresql.jar || { command -v apt-get >/dev/null && apt-get install -y -q libpostgresql-jdbc-java >/dev/null 2>&1; } || echo "bench: no PostgreSQL JDBC jar (apt-get install libpostgresql-jdbc-java); bench/spark.py skips the JDBC comparison"
 	$(PY) -m bench
 	$(PY) bench/grab_cost.py
+	$(PY) bench/wal_records.py --out bench/results/wal_records.json
 	$(PY) bench/spark.py
 
 clean:

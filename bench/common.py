@@ -73,6 +73,10 @@ class Shared:
     def total(self) -> int:
         return int(sum(self.slots[3 * k] for k in range(self.consumers)))
 
+    def all_started(self) -> bool:
+        """Has every consumer completed at least one job?"""
+        return all(self.slots[3 * k] for k in range(self.consumers))
+
     def span(self) -> tuple[float, float]:
         firsts = [self.slots[3 * k + 1] for k in range(self.consumers) if self.slots[3 * k]]
         lasts = [self.slots[3 * k + 2] for k in range(self.consumers) if self.slots[3 * k]]

@@ -18,9 +18,9 @@ GROUP_TITLES = {
     "enqueue-100": "Enqueue only, batches of 100 (jobs/s)",
     "latency-1": "Insert-to-start latency at half the system's full-cycle rate (ms)",
     "transport-1": "Bare transports, messages/s (no storage)",
-    "workers-1": "Worker scaling: 1 worker process draining 6,000 pre-inserted jobs (jobs/s)",
-    "workers-2": "Worker scaling: 2 worker processes draining 6,000 pre-inserted jobs (jobs/s)",
-    "workers-4": "Worker scaling: 4 worker processes draining 6,000 pre-inserted jobs (jobs/s)",
+    "workers-1": "Worker scaling: 1 worker process draining 30,000 pre-inserted jobs (jobs/s, once all run)",
+    "workers-2": "Worker scaling: 2 worker processes draining 30,000 pre-inserted jobs (jobs/s, once all run)",
+    "workers-4": "Worker scaling: 4 worker processes draining 30,000 pre-inserted jobs (jobs/s, once all run)",
     "external": "HTTP and messenger: homing vs the bare transport (bench/http.py, bench/messenger.py)",
 }
 

@@ -99,3 +99,41 @@ def test_statement_costs_run_on_two_trees() -> None:
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = [ln for ln in proc.stdout.splitlines() if "insert" in ln and "complete" in ln]
     assert len(rows) == 2, proc.stdout
+
+
+def test_a_steady_drain_is_timed_from_when_every_consumer_runs() -> None:
+    """The workers-N cells time a drain from the moment every consumer process has done a
+    job (start-up skew left out), and fall back to the first completion when the backlog
+    ran out first."""
+    sys.path.insert(0, str(ROOT))
+    from bench.drivers.__main__ import _steady_rate
+
+    # 10,000 done by t=12; all consumers running at t=10 with 4,000 done: 6,000 in 2 s
+    steady = _steady_rate(800.0, 10_000, 12.0, (4_000, 10.0))
+    assert steady == {
+        "rate_from_first": 800.0,
+        "steady": True,
+        "rate": 3000.0,
+        "steady_jobs": 6000,
+    }
+    assert _steady_rate(800.0, 10_000, 12.0, None) == {"rate_from_first": 800.0, "steady": False}
+    # too few jobs after every consumer ran: no steady window
+    assert _steady_rate(800.0, 10_000, 12.0, (9_950, 11.9))["steady"] is False
+
+
+@pytest.mark.timeout(120)
+def test_wal_records_break_the_job_path_down() -> None:
+    """bench/wal_records.py reads the WAL the job path wrote (pg_walinspect), per record type,
+    for homing and the raw loop: both write B-tree leaf insertions and commits."""
+    proc = subprocess.run(
+        [sys.executable, "bench/wal_records.py", "--jobs", "20"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "homing / raw:" in proc.stdout
+    homing_part, raw_part = proc.stdout.split("homing: ", 1)[1].split("raw: ", 1)
+    for part in (homing_part, raw_part.split("homing / raw:")[0]):
+        assert "Btree INSERT_LEAF" in part and "Transaction COMMIT" in part, proc.stdout

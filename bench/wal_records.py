@@ -1,0 +1,149 @@
+"""Where the job path's WAL goes on PostgreSQL: bytes and records per job, by record type.
+
+    .venv/bin/python bench/wal_records.py [--jobs 300] [--batch 1] [--out FILE]
+
+``bench/grab_cost.py`` gives one number (WAL per job, homing against the raw SKIP LOCKED
+loop); this breaks both down by WAL record (``pg_walinspect``, shipped with PostgreSQL 15,
+created here if missing): how many B-tree leaf insertions, heap inserts and updates,
+row locks, commits and so on each job costs, and their bytes. Each side runs insert +
+grab + complete through its own API (homing: ``insert_many`` / ``grab_many`` /
+``complete_many``, one job a call by default) on a fresh schema, after a CHECKPOINT and a
+warm-up, so that full-page images (reported apart) are mostly the pages new rows open.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+import homing  # noqa: E402
+
+PG = "postgresql://postgres@127.0.0.1:5432/test"
+PAYLOAD = {"i": 1, "p": "x" * 80}
+RAW_DDL = (
+    "CREATE TABLE raw_jobs (id BIGSERIAL PRIMARY KEY, state SMALLINT NOT NULL DEFAULT 0, "
+    "payload TEXT NOT NULL)",
+    "CREATE INDEX raw_jobs_ready ON raw_jobs (id) WHERE state = 0",
+)
+RAW_GRAB = (
+    "UPDATE raw_jobs SET state = 1 WHERE id IN (SELECT id FROM raw_jobs WHERE state = 0 "
+    "ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED) RETURNING id"
+)
+RECORDS = (
+    "SELECT resource_manager, record_type, count(*), sum(record_length), sum(fpi_length) "
+    "FROM pg_get_wal_records_info(%s, %s) GROUP BY 1, 2 ORDER BY 4 DESC"
+)
+
+
+def _homing_round(db: homing.Database, batch: int) -> None:
+    db.insert_many([("t", PAYLOAD) for _ in range(batch)])
+    db.complete_many(db.grab_many("t", lock_for=60, limit=batch))
+
+
+def _raw_round(conn: psycopg.Connection, batch: int) -> None:
+    conn.execute(
+        "INSERT INTO raw_jobs (payload) SELECT %s FROM generate_series(1, %s)",
+        (json.dumps(PAYLOAD), batch),
+    )
+    ids = [r[0] for r in conn.execute(RAW_GRAB, (batch,)).fetchall()]
+    conn.execute("UPDATE raw_jobs SET state = 2 WHERE id = ANY(%s)", (ids,))
+
+
+def measure(side: str, jobs: int, batch: int) -> dict[str, Any]:
+    """WAL records per job of ``jobs`` jobs through ``side`` ("homing" or "raw")."""
+    schema = f"walrec_{side}_{int(time.time())}"
+    with psycopg.connect(PG, autocommit=True) as admin:
+        admin.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        admin.execute(f"CREATE SCHEMA {schema}")
+        try:
+            with psycopg.connect(PG, autocommit=True, options=f"-c search_path={schema}") as conn:
+                db = None
+                if side == "homing":
+                    db = homing.connect(f"{PG}?schema={schema}")
+                    assert isinstance(db, homing.Database)
+
+                    def run() -> None:
+                        _homing_round(db, batch)  # type: ignore[arg-type]
+                else:
+                    for ddl in RAW_DDL:
+                        conn.execute(ddl)
+
+                    def run() -> None:
+                        _raw_round(conn, batch)
+
+                for _ in range(max(3, 30 // batch)):
+                    run()
+                admin.execute("CHECKPOINT")
+                for _ in range(3):
+                    run()
+                start = admin.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]  # type: ignore[index]
+                rounds = max(1, jobs // batch)
+                for _ in range(rounds):
+                    run()
+                # the lease pool commits without waiting for the flush: wait until it is
+                admin.execute("SELECT txid_current()")
+                time.sleep(0.3)
+                end = admin.execute("SELECT pg_current_wal_flush_lsn()").fetchone()[0]  # type: ignore[index]
+                rows = admin.execute(RECORDS, (start, end)).fetchall()
+                if db is not None:
+                    db.close()
+        finally:
+            admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    n = rounds * batch
+    records = [
+        {
+            "record": f"{r[0]} {r[1]}",
+            "per_job": r[2] / n,
+            "bytes_per_job": int(r[3]) / n,
+            "fpi_bytes_per_job": int(r[4]) / n,
+        }
+        for r in rows
+    ]
+    return {
+        "jobs": n,
+        "bytes_per_job": sum(r["bytes_per_job"] for r in records),
+        "records": records,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--jobs", type=int, default=300)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    doc: dict[str, Any] = {"when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "batch": args.batch}
+    for side in ("homing", "raw"):
+        res = measure(side, args.jobs, args.batch)
+        doc[side] = res
+        print(
+            f"{side}: {res['bytes_per_job']:.0f} B of WAL a job ({res['jobs']} jobs, batch {args.batch})"
+        )
+        for r in res["records"]:
+            if r["bytes_per_job"] >= 1:
+                fpi = (
+                    f", of which full-page images {r['fpi_bytes_per_job']:.0f} B"
+                    if r["fpi_bytes_per_job"] >= 1
+                    else ""
+                )
+                print(
+                    f"  {r['record']:<24} {r['per_job']:6.2f} a job {r['bytes_per_job']:7.1f} B{fpi}"
+                )
+    ratio = doc["homing"]["bytes_per_job"] / doc["raw"]["bytes_per_job"]
+    print(f"homing / raw: {ratio:.2f}x")
+    if args.out:
+        args.out.write_text(json.dumps(doc, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
