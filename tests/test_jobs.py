@@ -434,6 +434,38 @@ def test_staged_batch_becomes_visible_at_commit(db: homing.Database, clock: Manu
     db.complete(job)
 
 
+def test_staged_jobs_come_after_ready_ones_and_a_full_grab_leaves_them_alone(
+    db: homing.Database,
+) -> None:
+    """A grab takes ready jobs first and staged ones for the rest of its limit; when the
+    ready jobs fill it, it does not search the staged batches at all (on PostgreSQL: it
+    reads no row of the batches table; the search would have locked staged rows it could
+    not lease)."""
+    _stage(db, "later", 3, commit=True)
+    ready = {db.insert("kid", {"n": i}) for i in range(2)}
+    first = db.grab_many("kid", lock_for=5, limit=3)
+    assert len(first) == 3
+    assert ready < {j.id for j in first}  # both ready ones, and one staged job
+    db.complete_many(first)
+
+    more = {db.insert("kid", {"n": i}) for i in range(2)}
+    batch_rows_read = (  # the session's counts, those not yet reported included: a delta
+        "SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0) "
+        "FROM pg_stat_xact_user_tables WHERE relid = 'homing_job_batches'::regclass"
+    )
+    with db.transaction() as tx:
+        pg = db.dialect == "postgres"
+        before = tx.connection.execute(batch_rows_read).fetchone() if pg else None
+        full = db.grab_many("kid", lock_for=5, limit=2)
+        if pg:
+            assert tx.connection.execute(batch_rows_read).fetchone() == before
+    assert {j.id for j in full} == more
+    db.complete_many(full)
+    rest = db.grab_many("kid", lock_for=5, limit=10)
+    assert len(rest) == 2 and not {j.id for j in rest} & (ready | more)
+    db.complete_many(rest)
+
+
 def test_a_grab_finds_the_staged_jobs_left_among_many_drained_batches(
     db: homing.Database,
 ) -> None:

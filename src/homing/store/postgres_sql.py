@@ -398,14 +398,18 @@ def _staged_pick(g: GrabRequest) -> tuple[str, list[Any]]:
     batch on each grab). Only the batches that still hold ready jobs (staged_batches, a
     loose scan of that index): the drained ones stay for the retention, and probing each
     cost 5.4 ms a grab at 5,000 (bench/grab_cases.py). Their state is looked up per batch
-    (a subquery), not joined: the planner hashed the whole table of batches for the join."""
+    (a subquery), not joined: the planner hashed the whole table of batches for the join.
+    Staged jobs come after ready jobs and expired leases (kind 1): when those two fill the
+    request, none would be taken, and the search is skipped (a one-time filter), so that a
+    full grab neither runs it nor locks staged rows it would not lease."""
     return (
         "SELECT c.* FROM (SELECT s.batch_id FROM staged_batches s WHERE (SELECT k.state "
-        "FROM homing_job_batches k WHERE k.batch_id = s.batch_id) = 'committed') b "
+        "FROM homing_job_batches k WHERE k.batch_id = s.batch_id) = 'committed' "
+        "AND (SELECT count(*) FROM ready) + (SELECT count(*) FROM expired) < ?) b "
         "CROSS JOIN unnest(?::text[]) AS t(name) "
         f"CROSS JOIN LATERAL (SELECT {_OLD}, priority, run_at AS avail FROM homing_jobs "
         "WHERE batch_id = b.batch_id AND type = t.name AND state = 'ready' "
         f"AND run_at <= ?{g.where_sql} ORDER BY priority DESC, seq LIMIT ? "
         "FOR UPDATE SKIP LOCKED) c",
-        [list(g.types), g.now, *g.where_params, g.limit],
+        [g.limit, list(g.types), g.now, *g.where_params, g.limit],
     )
