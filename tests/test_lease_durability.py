@@ -97,8 +97,6 @@ def test_the_generic_plan_of_a_grab_reads_no_table_whole(db: homing.Database) ->
     candidates): with 20,000 staged jobs waiting it hashed all of homing_jobs to lease 10
     of them (25 ms a grab; the lease sessions use generic plans). The lease joins its
     picks by key, so the plan must not scan homing_jobs."""
-    import time as _time
-
     import psycopg
 
     from homing.store import jobs_queries as q
@@ -115,6 +113,27 @@ def test_the_generic_plan_of_a_grab_reads_no_table_whole(db: homing.Database) ->
         q.commit_batch(tx, "big", now=now)
         tx.execute("ANALYZE homing_jobs")
 
+    prepared, values = _prepared_grab(db, "kid", now=now + 1, limit=10)
+    conninfo = db.store._listen_conninfo  # type: ignore[attr-defined]
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        conn.execute(f"PREPARE grab AS {prepared}")
+        args = ", ".join(psycopg.sql.Literal(p).as_string(conn) for p in values)
+        plan = "\n".join(
+            str(r[0]) for r in conn.execute(f"EXPLAIN EXECUTE grab({args})").fetchall()
+        )
+    assert "Seq Scan on homing_jobs" not in plan, plan
+
+
+def _prepared_grab(
+    db: homing.Database, job_type: str, *, now: float, limit: int
+) -> tuple[str, list[object]]:
+    """The grab statement the job API sends, with $n placeholders for PREPARE, and its
+    parameters."""
+    import time as _time
+
+    from homing.store import jobs_queries as q
+
     class Capture:
         def __init__(self, tx: object) -> None:
             self.real = tx
@@ -130,16 +149,52 @@ def test_the_generic_plan_of_a_grab_reads_no_table_whole(db: homing.Database) ->
     with db.store.transaction() as tx:
         cap = Capture(tx)
         lease = q.Lease("tok", _time.time() + 60, "h", 1, "w")
-        q.grab_jobs(cap, ["kid"], now=now + 1, lease=lease, limit=10, where=None)  # type: ignore[arg-type]
+        q.grab_jobs(cap, [job_type], now=now, lease=lease, limit=limit, where=None)  # type: ignore[arg-type]
     sql, params = cap.statements[0]
     numbered = sql.split("%s")
     prepared = "".join(f"{part}${i}" for i, part in enumerate(numbered[:-1], 1)) + numbered[-1]
-    conninfo = db.store._listen_conninfo  # type: ignore[attr-defined]
-    with psycopg.connect(conninfo, autocommit=True) as conn:
+    return prepared, params
+
+
+@pytest.mark.parametrize("backend", ["postgres"])  # JIT is PostgreSQL's
+def test_no_grab_is_jit_compiled_however_big_the_backlog_looks(
+    db: homing.Database, store_url: str
+) -> None:
+    """With statistics that know a large backlog the grab's generic plan is estimated far
+    above jit_above_cost, and the server JIT-compiled it at every execution (~800 ms a
+    grab, a drain of 100,000 jobs at ~130 jobs/s). homing's sessions run with jit off; a
+    URL that sets jit itself keeps its own."""
+    import psycopg
+
+    now = db.clock.now()
+    with db.store.transaction() as tx:
+        tx.execute(
+            "INSERT INTO homing_jobs (id, type, args, state, run_at, available_at, created_at) "
+            "SELECT gen_random_uuid()::text, 'big', '{}'::jsonb, 'ready', ?, ?, ? "
+            "FROM generate_series(1, 100000)",
+            (now, now, now),
+        )
+        tx.execute("ANALYZE homing_jobs")
+    prepared, values = _prepared_grab(db, "big", now=now + 1, limit=100)
+    for durable in (True, False):  # the main pool and the lease pool
+        with db.store.statement(durable=durable) as tx:
+            row = tx.query_one("SELECT current_setting('jit'), current_setting('jit_above_cost')")
+            assert row is not None and row[0] == "off", row
+            above = float(row[1])
+    with psycopg.connect(db.store._listen_conninfo, autocommit=True) as conn:  # type: ignore[attr-defined]
+        assert conn.execute("SHOW jit").fetchone() == ("off",)
         conn.execute("SET plan_cache_mode = force_generic_plan")
         conn.execute(f"PREPARE grab AS {prepared}")
-        values = ", ".join(psycopg.sql.Literal(p).as_string(conn) for p in params)
-        plan = "\n".join(
-            str(r[0]) for r in conn.execute(f"EXPLAIN EXECUTE grab({values})").fetchall()
-        )
-    assert "Seq Scan on homing_jobs" not in plan, plan
+        args = ", ".join(psycopg.sql.Literal(p).as_string(conn) for p in values)
+        with conn.transaction(force_rollback=True):
+            plan = conn.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE grab({args})").fetchone()
+        top = plan[0][0]  # type: ignore[index]
+        # the estimate that would have had the server compile it (so this test can fail)
+        assert top["Plan"]["Total Cost"] > above, top["Plan"]["Total Cost"]
+        assert "JIT" not in top, top["JIT"]
+        assert top["Plan"]["Actual Rows"] == 100
+    with homing.connect(
+        store_url + ("&" if "?" in store_url else "?") + "options=-c%20jit%3Don"
+    ) as own:
+        with own.store.statement() as tx:
+            assert tx.query_one("SELECT current_setting('jit')") == ("on",)

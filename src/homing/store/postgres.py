@@ -135,6 +135,17 @@ class _Listener:
         self._stop = True
 
 
+# Every session of homing's runs without JIT compilation (unless the URL's own libpq options
+# set jit). The server JIT-compiles a statement whose estimated cost passes jit_above_cost
+# (100,000 by default) at every execution, even of a prepared plan. The grab is one cheap
+# statement with a costly-looking estimate: once the statistics knew of a large backlog
+# (100,000 ready jobs), its generic plan was costed at ~519,000, past the inlining and
+# optimisation thresholds too, and each grab spent ~800 ms compiling 106 functions: a
+# drain of 100,000 jobs with grabs of 100 fell from ~1,600 to ~130 jobs/s (13,000-21,000
+# jobs/s with JIT off; bench/backlog_drain.py runs both). Test: tests/test_lease_durability.py
+# ::test_no_grab_is_jit_compiled_however_big_the_backlog_looks.
+NO_JIT = "-c jit=off"
+
 # The lease pool's sessions (they run only homing's grabs, lease extensions and outbox
 # claims): no WAL flush of their own (see statement), and one generic plan per prepared
 # statement. The grab is one large statement whose planning costs more than its run; for
@@ -238,14 +249,14 @@ class PostgresStore:
         self.clock: Clock = clock or SystemClock()
         size = pool_size or int(own.get("pool_size", "10"))
         kwargs: dict[str, Any] = {"autocommit": True}
-        settings = []
+        given = psycopg.conninfo.conninfo_to_dict(self.conninfo).get("options")
+        settings = [] if given and "jit" in str(given) else [NO_JIT]
         if self.schema:
             settings.append(f"-c search_path={self.schema}")
         if not durable:
             settings.append("-c synchronous_commit=off")
         if settings:
             # keep the URL's own libpq options (a keyword argument would replace them)
-            given = psycopg.conninfo.conninfo_to_dict(self.conninfo).get("options")
             kwargs["options"] = " ".join([*([str(given)] if given else []), *settings])
         extra = {"options": kwargs["options"]} if "options" in kwargs else {}
         self._listen_conninfo = psycopg.conninfo.make_conninfo(self.conninfo, **extra)

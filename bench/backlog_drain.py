@@ -1,0 +1,120 @@
+"""Draining a large backlog through the job API on PostgreSQL, as the server's statistics
+see it: how the rate holds up from the first job to the last.
+
+    .venv/bin/python bench/backlog_drain.py [--jobs 100000] [--batch 100] [--limit-s 40]
+        [--jit default on] [--out FILE]
+
+The harness's cells run on fresh tables whose statistics say they are nearly empty. A
+store in production has statistics from autovacuum's ANALYZE, and with a large backlog the
+planner's estimates for the grab grow with it. Here ``--jobs`` jobs are inserted, the
+table is ANALYZEd (as autovacuum would), and a single consumer drains them with
+``grab_many(limit=--batch)`` + ``complete_many``, stopping after ``--limit-s`` seconds.
+Reported per tenth of the backlog: the rate, and the buffers that the ready-job index scan
+of an empty-handed probe reads (the dead entries of the jobs already drained, until
+VACUUM). ``--jit on`` runs the same with the URL option ``-c jit=on``, which homing keeps
+(its sessions otherwise run with jit off, see ``store/postgres.py``): the server's default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+import homing  # noqa: E402
+
+PG = "postgresql://postgres@127.0.0.1:5432/test"
+PROBE = (
+    "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT ctid FROM homing_jobs WHERE type = 't' "
+    "AND state = 'ready' AND batch_id IS NULL AND run_at <= extract(epoch FROM now()) "
+    "ORDER BY priority DESC, run_at, seq LIMIT 1"
+)
+
+
+def drain(jobs: int, batch: int, limit_s: float, jit: str) -> dict[str, Any]:
+    schema = f"backlog_{jit}_{int(time.time())}"
+    url = f"{PG}?schema={schema}" + ("&options=-c%20jit%3Don" if jit == "on" else "")
+    db = homing.connect(url)
+    assert isinstance(db, homing.Database)
+    slices: list[dict[str, Any]] = []
+    try:
+        with psycopg.connect(PG, autocommit=True, options=f"-c search_path={schema}") as conn:
+            for start in range(0, jobs, 5000):
+                db.insert_many([("t", {"i": start + i}) for i in range(min(5000, jobs - start))])
+            conn.execute("ANALYZE homing_jobs")
+            step = max(batch, jobs // 10)
+            done, started = 0, time.perf_counter()
+            mark, mark_at = 0, started
+            while time.perf_counter() - started < limit_s:
+                taken = db.grab_many("t", lock_for=60, limit=batch)
+                if not taken:
+                    break
+                db.complete_many(taken)
+                done += len(taken)
+                if done - mark >= step or done == jobs:
+                    now = time.perf_counter()
+                    plan = conn.execute(PROBE).fetchone()[0][0]  # type: ignore[index]
+                    top = plan["Plan"]
+                    slices.append(
+                        {
+                            "drained": done,
+                            "rate": (done - mark) / (now - mark_at),
+                            "probe_buffers": top.get("Shared Hit Blocks", 0)
+                            + top.get("Shared Read Blocks", 0),
+                        }
+                    )
+                    mark, mark_at = done, time.perf_counter()
+            elapsed = time.perf_counter() - started
+    finally:
+        db.close()
+        with psycopg.connect(PG, autocommit=True) as admin:
+            admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    return {
+        "jit": jit,
+        "drained": done,
+        "elapsed_s": elapsed,
+        "rate": done / elapsed,
+        "slices": slices,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--jobs", type=int, default=100_000)
+    ap.add_argument("--batch", type=int, default=100)
+    ap.add_argument("--limit-s", type=float, default=40.0)
+    ap.add_argument("--jit", nargs="+", default=["default", "on"], choices=["default", "on"])
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    runs = []
+    for jit in args.jit:
+        r = drain(args.jobs, args.batch, args.limit_s, jit)
+        runs.append(r)
+        label = "homing's sessions (jit off)" if jit == "default" else "URL option -c jit=on"
+        print(
+            f"{label}: {r['drained']:,} of {args.jobs:,} jobs in {r['elapsed_s']:.1f} s, "
+            f"{r['rate']:,.0f} jobs/s (grabs of {args.batch})",
+            flush=True,
+        )
+        for s in r["slices"]:
+            print(
+                f"  up to {s['drained']:>7,}: {s['rate']:>8,.0f} jobs/s, ready-index probe "
+                f"{s['probe_buffers']:>4} buffers",
+                flush=True,
+            )
+    if args.out:
+        doc = {"when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "jobs": args.jobs, "runs": runs}
+        args.out.write_text(json.dumps(doc, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
