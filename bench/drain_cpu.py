@@ -1,12 +1,12 @@
 """How busy the machine is while 1, 2 and 4 homing worker processes drain a backlog on
 PostgreSQL, and so the CPU each job costs.
 
-    .venv/bin/python -m bench.drain_cpu [--jobs 60000] [--procs 1 2 4]
+    .venv/bin/python -m bench.drain_cpu [--jobs 120000] [--procs 1 2 4]
 
 Each count runs the harness's drain cell (``bench.drivers``: the backlog inserted first,
-then the worker processes started; the rate is taken from the first completion to the
-last) with a bigger backlog than the harness's 6,000, so that the processes' start-up
-skew is a small part of it. Meanwhile /proc/stat is sampled every 0.1 s; reported: the
+then the worker processes started; the rate is taken from the moment every process has
+completed a job to the last completion, as in the harness's ``workers-N`` groups) with a
+bigger backlog than the harness's 30,000. Meanwhile /proc/stat is sampled every 0.1 s; reported: the
 rate, the share of the machine's cores busy over the busiest stretch as long as the drain
 (the drain itself: the insert of the backlog before it runs at another rate), and
 busy cores / rate as CPU per job, every process of the machine included (the server's
@@ -63,6 +63,7 @@ def one(jobs: int, procs: int) -> tuple[float, float, float]:
         "jobs": jobs,
         "preload_s": 120.0,
         "seconds": 120.0,
+        "steady": True,
     }
     try:
         result = bench_run.run_cell(spec, io.StringIO(), 600.0)
@@ -76,7 +77,7 @@ def one(jobs: int, procs: int) -> tuple[float, float, float]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--jobs", type=int, default=60_000)
+    ap.add_argument("--jobs", type=int, default=120_000)
     ap.add_argument("--procs", type=int, nargs="*", default=[1, 2, 4])
     args = ap.parse_args()
     cores = os.cpu_count() or 1
