@@ -137,3 +137,23 @@ def test_wal_records_break_the_job_path_down() -> None:
     homing_part, raw_part = proc.stdout.split("homing: ", 1)[1].split("raw: ", 1)
     for part in (homing_part, raw_part.split("homing / raw:")[0]):
         assert "Btree INSERT_LEAF" in part and "Transaction COMMIT" in part, proc.stdout
+
+
+@pytest.mark.timeout(120)
+def test_grab_cost_reports_server_cpu_for_both_sides(tmp_path: Path) -> None:
+    """bench/grab_cost.py measures the empty grab's server CPU (from /proc) for homing and
+    for the raw loop, as it runs and with a generic plan, beside EXPLAIN ANALYZE's time."""
+    out = tmp_path / "grab_cost.json"
+    proc = subprocess.run(
+        [sys.executable, "bench/grab_cost.py", "--points", "0", "300", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    for row in doc["rows"]:
+        assert row["homing"]["server_cpu_us"] > 0 and row["raw"]["server_cpu_us"] > 0, row
+        assert row["raw"]["server_cpu_us_generic_plan"] > 0, row
+    assert "server CPU" in proc.stdout and "EXPLAIN ANALYZE" in proc.stdout
