@@ -438,7 +438,9 @@ def test_grabs_that_fill_their_limit_do_not_walk_finished_leases(
         with db.store.transaction() as tx:
             capture = _Capture(tx)
             lease = q.Lease("t", db.clock.now() + 60, "h", 1, "w")
-            q.grab_jobs(capture, ["contract_m"], now=db.clock.now(), lease=lease, limit=50, where=None)  # type: ignore[arg-type]
+            q.grab_jobs(
+                capture, ["contract_m"], now=db.clock.now(), lease=lease, limit=50, where=None
+            )  # type: ignore[arg-type]
             ((sql, params),) = capture.statements
             tx.execute("SAVEPOINT explain")
             (plan,) = tx.query_one("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params)  # type: ignore[misc]

@@ -337,9 +337,7 @@ def forget_idle(tx: Tx, channel: str) -> None:
     )
 
 
-def finish_leased(
-    tx: Tx, pairs: Sequence[tuple[str, str]], *, now: float
-) -> set[tuple[str, str]]:
+def finish_leased(tx: Tx, pairs: Sequence[tuple[str, str]], *, now: float) -> set[tuple[str, str]]:
     """Mark done each (job id, lease token) whose lease still holds, in one statement
     where the backend allows; returns the pairs done (a job given twice, under a stale
     and a live token, is done by one pair only). Refused ones are left as they are."""

@@ -145,6 +145,7 @@ class _Listener:
 # jobs/s with JIT off; bench/backlog_drain.py runs both). Test: tests/test_lease_durability.py
 # ::test_no_grab_is_jit_compiled_however_big_the_backlog_looks.
 NO_JIT = "-c jit=off"
+_SETS_JIT = re.compile(r"(?:^|\s)(?:-c\s*|--)jit\s*=")
 
 # The lease pool's sessions (they run only homing's grabs, lease extensions and outbox
 # claims): no WAL flush of their own (see statement), and one generic plan per prepared
@@ -250,7 +251,7 @@ class PostgresStore:
         size = pool_size or int(own.get("pool_size", "10"))
         kwargs: dict[str, Any] = {"autocommit": True}
         given = psycopg.conninfo.conninfo_to_dict(self.conninfo).get("options")
-        settings = [] if given and "jit" in str(given) else [NO_JIT]
+        settings = [] if given and _SETS_JIT.search(str(given)) else [NO_JIT]
         if self.schema:
             settings.append(f"-c search_path={self.schema}")
         if not durable:
