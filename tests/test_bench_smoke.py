@@ -157,3 +157,24 @@ def test_grab_cost_reports_server_cpu_for_both_sides(tmp_path: Path) -> None:
         assert row["homing"]["server_cpu_us"] > 0 and row["raw"]["server_cpu_us"] > 0, row
         assert row["raw"]["server_cpu_us_generic_plan"] > 0, row
     assert "server CPU" in proc.stdout and "EXPLAIN ANALYZE" in proc.stdout
+
+
+@pytest.mark.timeout(120)
+def test_narrow_row_sketch_measures_three_layouts() -> None:
+    """bench/narrow_row_sketch.py (item 3's measurement) runs the raw loop, homing and the
+    sketched split layout, and the split layout writes fewer index entries than homing."""
+    proc = subprocess.run(
+        [sys.executable, "bench/narrow_row_sketch.py", "--jobs", "30"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    leaf = {
+        line.split(":")[0].strip(): float(line.split(",")[1].split()[0])
+        for line in proc.stdout.splitlines()
+        if "B-tree leaf insertions" in line
+    }
+    assert set(leaf) == {"raw", "homing", "split"}, proc.stdout
+    assert leaf["raw"] < leaf["split"] < leaf["homing"], leaf
