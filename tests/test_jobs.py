@@ -478,16 +478,19 @@ def test_a_grab_finds_the_staged_jobs_left_among_many_drained_batches(
 
     def work_of_an_empty_grab() -> int:
         """SQLite: VM steps (in tens) of the grab; PostgreSQL: rows of the batches table
-        that the grab read (the transaction's own statistics)."""
+        that the grab read (the session's statistics before and after it: they include
+        earlier transactions' counts that the server has not yet reported)."""
         with db.transaction() as tx:
             conn = tx.connection  # this thread's connection: the grab below uses it
             if db.dialect == "postgres":
-                assert db.grab_many("kid", lock_for=5, limit=10) == []
-                row = conn.execute(
+                read = (
                     "SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0) "
                     "FROM pg_stat_xact_user_tables WHERE relid = 'homing_job_batches'::regclass"
-                ).fetchone()
-                return int(row[0]) if row else 0
+                )
+                before = conn.execute(read).fetchone()
+                assert db.grab_many("kid", lock_for=5, limit=10) == []
+                after = conn.execute(read).fetchone()
+                return int(after[0] if after else 0) - int(before[0] if before else 0)
         steps = [0]
         conn.set_progress_handler(lambda: steps.__setitem__(0, steps[0] + 1) or 0, 10)
         try:
