@@ -87,14 +87,15 @@ def main() -> int:
         f"load {os.getloadavg()[0]:.2f}, {cores} cores)",
         flush=True,
     )
-    first = None
+    base = None  # the rate of the latest run with the list's first count: the ratios' base
     for procs in args.procs:
         rate, span, busy = one(args.jobs, procs)
-        first = first or rate
+        if base is None or procs == args.procs[0]:
+            base = rate
         cpu_us = busy * cores / rate * 1e6
         print(
             f"{procs} process{'es' if procs > 1 else '  '}: {rate:8,.0f} jobs/s "
-            f"({rate / first:.2f}x) over {span:5.2f} s, cores {busy * 100:3.0f}% busy, "
+            f"({rate / base:.2f}x) over {span:5.2f} s, cores {busy * 100:3.0f}% busy, "
             f"{cpu_us:4.0f} us of CPU a job",
             flush=True,
         )

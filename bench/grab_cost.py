@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -29,10 +28,11 @@ from typing import Any
 import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
-TICK = os.sysconf("SC_CLK_TCK")
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT))
 
 import homing  # noqa: E402
+from bench.common import proc_stat  # noqa: E402
 from homing.store import jobs_queries as q  # noqa: E402
 
 PG = "postgresql://postgres@127.0.0.1:5432/test"
@@ -125,15 +125,10 @@ def server_cpu_us(conn: Any, sql: str, params: Any, runs: int = 3000) -> float:
     pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
     for _ in range(20):
         conn.execute(sql, params, prepare=True).fetchall()
-    before = _process_cpu(pid)
+    before = proc_stat(pid)[1]
     for _ in range(runs):
         conn.execute(sql, params, prepare=True).fetchall()
-    return (_process_cpu(pid) - before) / runs * 1e6
-
-
-def _process_cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
+    return (proc_stat(pid)[1] - before) / runs * 1e6
 
 
 def raw_point(k: int, schema: str) -> dict[str, Any]:

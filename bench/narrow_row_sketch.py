@@ -26,13 +26,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import psycopg
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 
-from bench.wal_records import PG, RECORDS, measure  # noqa: E402
+from bench.wal_records import measure, scratch_schema, wal_of  # noqa: E402
 
 SPLIT_DDL = (
     "CREATE TABLE jobs_body (seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, "
@@ -65,44 +63,19 @@ SPLIT_COMPLETE = (
 
 
 def split_layout(jobs: int) -> dict[str, Any]:
-    schema = f"narrow_{int(time.time())}"
     payload = json.dumps({"i": 1, "p": "x" * 80})
-    with psycopg.connect(PG, autocommit=True) as admin:
-        admin.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
-        admin.execute(f"CREATE SCHEMA {schema}")
-        try:
-            with psycopg.connect(PG, autocommit=True, options=f"-c search_path={schema}") as conn:
-                for ddl in SPLIT_DDL:
-                    conn.execute(ddl)
+    with scratch_schema("narrow") as (admin, conn, _schema):
+        for ddl in SPLIT_DDL:
+            conn.execute(ddl)
 
-                def one() -> None:
-                    now = time.time()
-                    conn.execute(SPLIT_INSERT, (uuid.uuid4(), payload, now, now))
-                    lease = uuid.uuid4()
-                    (seq,) = conn.execute(SPLIT_GRAB, (lease, now + 60, now + 1)).fetchone()  # type: ignore[misc]
-                    conn.execute(SPLIT_COMPLETE, (seq, lease, now))
+        def one() -> None:
+            now = time.time()
+            conn.execute(SPLIT_INSERT, (uuid.uuid4(), payload, now, now))
+            lease = uuid.uuid4()
+            (seq,) = conn.execute(SPLIT_GRAB, (lease, now + 60, now + 1)).fetchone()  # type: ignore[misc]
+            conn.execute(SPLIT_COMPLETE, (seq, lease, now))
 
-                for _ in range(10):
-                    one()
-                admin.execute("CHECKPOINT")
-                for _ in range(3):
-                    one()
-                start = admin.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]  # type: ignore[index]
-                for _ in range(jobs):
-                    one()
-                end = admin.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]  # type: ignore[index]
-                rows = admin.execute(RECORDS, (start, end)).fetchall()
-        finally:
-            admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
-    records = [
-        {"record": f"{r[0]} {r[1]}", "per_job": r[2] / jobs, "bytes_per_job": int(r[3]) / jobs}
-        for r in rows
-    ]
-    return {
-        "jobs": jobs,
-        "bytes_per_job": sum(r["bytes_per_job"] for r in records),
-        "records": records,
-    }
+        return wal_of(admin, one, jobs, 1)
 
 
 def main() -> int:

@@ -38,16 +38,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 
-from bench.common import revision_tree
+from bench.common import proc_stat, revision_tree
 from bench.http import SERVER, drop, free_port, post_plain, post_to_receiver, store_url
 from homing.http._client import Client
 
-TICK = os.sysconf("SC_CLK_TCK")
-
 
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
+    """CPU seconds (user + system) of a live process."""
+    return proc_stat(pid)[1]
 
 
 async def drive_plain(base: str, n: int) -> float:

@@ -17,6 +17,8 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,20 +26,12 @@ import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT))
 
 import homing  # noqa: E402
+from bench.grab_cost import PG, RAW_DDL, RAW_GRAB  # noqa: E402
 
-PG = "postgresql://postgres@127.0.0.1:5432/test"
 PAYLOAD = {"i": 1, "p": "x" * 80}
-RAW_DDL = (
-    "CREATE TABLE raw_jobs (id BIGSERIAL PRIMARY KEY, state SMALLINT NOT NULL DEFAULT 0, "
-    "payload TEXT NOT NULL)",
-    "CREATE INDEX raw_jobs_ready ON raw_jobs (id) WHERE state = 0",
-)
-RAW_GRAB = (
-    "UPDATE raw_jobs SET state = 1 WHERE id IN (SELECT id FROM raw_jobs WHERE state = 0 "
-    "ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED) RETURNING id"
-)
 RECORDS = (
     "SELECT resource_manager, record_type, count(*), sum(record_length), sum(fpi_length) "
     "FROM pg_get_wal_records_info(%s, %s) GROUP BY 1, 2 ORDER BY 4 DESC"
@@ -58,47 +52,40 @@ def _raw_round(conn: psycopg.Connection, batch: int) -> None:
     conn.execute("UPDATE raw_jobs SET state = 2 WHERE id = ANY(%s)", (ids,))
 
 
-def measure(side: str, jobs: int, batch: int) -> dict[str, Any]:
-    """WAL records per job of ``jobs`` jobs through ``side`` ("homing" or "raw")."""
-    schema = f"walrec_{side}_{int(time.time())}"
+@contextmanager
+def scratch_schema(tag: str) -> Iterator[tuple[psycopg.Connection, psycopg.Connection, str]]:
+    """(admin connection, connection on a fresh schema, the schema's name); the schema is
+    dropped afterwards. pg_walinspect is created if missing."""
+    schema = f"{tag}_{int(time.time())}"
     with psycopg.connect(PG, autocommit=True) as admin:
         admin.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
         admin.execute(f"CREATE SCHEMA {schema}")
         try:
             with psycopg.connect(PG, autocommit=True, options=f"-c search_path={schema}") as conn:
-                db = None
-                if side == "homing":
-                    db = homing.connect(f"{PG}?schema={schema}")
-                    assert isinstance(db, homing.Database)
-
-                    def run() -> None:
-                        _homing_round(db, batch)  # type: ignore[arg-type]
-                else:
-                    for ddl in RAW_DDL:
-                        conn.execute(ddl)
-
-                    def run() -> None:
-                        _raw_round(conn, batch)
-
-                for _ in range(max(3, 30 // batch)):
-                    run()
-                admin.execute("CHECKPOINT")
-                for _ in range(3):
-                    run()
-                start = admin.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]  # type: ignore[index]
-                rounds = max(1, jobs // batch)
-                for _ in range(rounds):
-                    run()
-                # the lease pool commits without waiting for the flush: wait until it is
-                admin.execute("SELECT txid_current()")
-                time.sleep(0.3)
-                end = admin.execute("SELECT pg_current_wal_flush_lsn()").fetchone()[0]  # type: ignore[index]
-                rows = admin.execute(RECORDS, (start, end)).fetchall()
-                if db is not None:
-                    db.close()
+                yield admin, conn, schema
         finally:
             admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
-    n = rounds * batch
+
+
+def wal_of(
+    admin: psycopg.Connection, run: Callable[[], None], rounds: int, jobs_per_round: int
+) -> dict[str, Any]:
+    """WAL records per job of ``rounds`` calls of ``run``, after a warm-up, a CHECKPOINT
+    and three more calls (so that full-page images are mostly of the pages new rows open)."""
+    for _ in range(max(3, 30 // jobs_per_round)):
+        run()
+    admin.execute("CHECKPOINT")
+    for _ in range(3):
+        run()
+    start = admin.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]  # type: ignore[index]
+    for _ in range(rounds):
+        run()
+    # homing's lease pool commits without waiting for the flush: wait until it is
+    admin.execute("SELECT txid_current()")
+    time.sleep(0.3)
+    end = admin.execute("SELECT pg_current_wal_flush_lsn()").fetchone()[0]  # type: ignore[index]
+    rows = admin.execute(RECORDS, (start, end)).fetchall()
+    n = rounds * jobs_per_round
     records = [
         {
             "record": f"{r[0]} {r[1]}",
@@ -113,6 +100,22 @@ def measure(side: str, jobs: int, batch: int) -> dict[str, Any]:
         "bytes_per_job": sum(r["bytes_per_job"] for r in records),
         "records": records,
     }
+
+
+def measure(side: str, jobs: int, batch: int) -> dict[str, Any]:
+    """WAL records per job of ``jobs`` jobs through ``side`` ("homing" or "raw")."""
+    rounds = max(1, jobs // batch)
+    with scratch_schema(f"walrec_{side}") as (admin, conn, schema):
+        if side == "raw":
+            for ddl in RAW_DDL:
+                conn.execute(ddl)
+            return wal_of(admin, lambda: _raw_round(conn, batch), rounds, batch)
+        db = homing.connect(f"{PG}?schema={schema}")
+        assert isinstance(db, homing.Database)
+        try:
+            return wal_of(admin, lambda: _homing_round(db, batch), rounds, batch)
+        finally:
+            db.close()
 
 
 def main() -> int:

@@ -18,6 +18,15 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _run_script(*args: str, timeout: float = 110) -> subprocess.CompletedProcess[str]:
+    """Run one of bench/'s scripts from the project's root; it must succeed."""
+    proc = subprocess.run(
+        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc
+
+
 @pytest.mark.timeout(180)
 def test_bench_smoke(tmp_path: Path) -> None:
     out = tmp_path / "results"
@@ -88,15 +97,8 @@ def test_before_after_runs_a_cell_on_both_versions(tmp_path: Path) -> None:
 def test_statement_costs_run_on_two_trees() -> None:
     """bench/statements.py times the job path's statements as the job API sends them, on
     every tree given (here the working tree twice): a table row each."""
-    proc = subprocess.run(
-        [sys.executable, "bench/statements.py", "--batch", "5", "--rounds", "2", "--passes", "1"]
-        + ["--src", "src", str(ROOT / "src")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=110,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    sizes = ["--batch", "5", "--rounds", "2", "--passes", "1"]
+    proc = _run_script("bench/statements.py", *sizes, "--src", "src", str(ROOT / "src"))
     rows = [ln for ln in proc.stdout.splitlines() if "insert" in ln and "complete" in ln]
     assert len(rows) == 2, proc.stdout
 
@@ -105,7 +107,8 @@ def test_a_steady_drain_is_timed_from_when_every_consumer_runs() -> None:
     """The workers-N cells time a drain from the moment every consumer process has done a
     job (start-up skew left out), and fall back to the first completion when the backlog
     ran out first."""
-    sys.path.insert(0, str(ROOT))
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
     from bench.drivers.__main__ import _steady_rate
 
     # 10,000 done by t=12; all consumers running at t=10 with 4,000 done: 6,000 in 2 s
@@ -125,14 +128,7 @@ def test_a_steady_drain_is_timed_from_when_every_consumer_runs() -> None:
 def test_wal_records_break_the_job_path_down() -> None:
     """bench/wal_records.py reads the WAL the job path wrote (pg_walinspect), per record type,
     for homing and the raw loop: both write B-tree leaf insertions and commits."""
-    proc = subprocess.run(
-        [sys.executable, "bench/wal_records.py", "--jobs", "20"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=110,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    proc = _run_script("bench/wal_records.py", "--jobs", "20")
     assert "homing / raw:" in proc.stdout
     homing_part, raw_part = proc.stdout.split("homing: ", 1)[1].split("raw: ", 1)
     for part in (homing_part, raw_part.split("homing / raw:")[0]):
@@ -144,14 +140,7 @@ def test_grab_cost_reports_server_cpu_for_both_sides(tmp_path: Path) -> None:
     """bench/grab_cost.py measures the empty grab's server CPU (from /proc) for homing and
     for the raw loop, as it runs and with a generic plan, beside EXPLAIN ANALYZE's time."""
     out = tmp_path / "grab_cost.json"
-    proc = subprocess.run(
-        [sys.executable, "bench/grab_cost.py", "--points", "0", "300", "--out", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=110,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    proc = _run_script("bench/grab_cost.py", "--points", "0", "300", "--out", str(out))
     doc = json.loads(out.read_text())
     for row in doc["rows"]:
         assert row["homing"]["server_cpu_us"] > 0 and row["raw"]["server_cpu_us"] > 0, row
@@ -163,14 +152,7 @@ def test_grab_cost_reports_server_cpu_for_both_sides(tmp_path: Path) -> None:
 def test_narrow_row_sketch_measures_three_layouts() -> None:
     """bench/narrow_row_sketch.py (item 3's measurement) runs the raw loop, homing and the
     sketched split layout, and the split layout writes fewer index entries than homing."""
-    proc = subprocess.run(
-        [sys.executable, "bench/narrow_row_sketch.py", "--jobs", "30"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=110,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    proc = _run_script("bench/narrow_row_sketch.py", "--jobs", "30")
     leaf = {
         line.split(":")[0].strip(): float(line.split(",")[1].split()[0])
         for line in proc.stdout.splitlines()

@@ -161,9 +161,9 @@ def test_no_grab_is_jit_compiled_however_big_the_backlog_looks(
     db: homing.Database, store_url: str
 ) -> None:
     """With statistics that know a large backlog the grab's generic plan is estimated far
-    above jit_above_cost, and the server JIT-compiled it at every execution (~800 ms a
-    grab, a drain of 100,000 jobs at ~130 jobs/s). homing's sessions run with jit off; a
-    URL that sets jit itself keeps its own."""
+    above jit_above_cost, and the server JIT-compiled it at every execution (739-910 ms a
+    grab, bench/results/jit-auto-explain.txt). homing's sessions run with jit off; a URL
+    that sets jit itself keeps its own."""
     import psycopg
 
     now = db.clock.now()

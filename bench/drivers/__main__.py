@@ -143,11 +143,12 @@ def drain(drv: Driver, spec: dict[str, Any]) -> dict[str, Any]:
     shared = Shared(spec["consumers"], 1)
     procs = _start_consumers(drv, shared, track=False)
     deadline = time.monotonic() + spec["seconds"]
+    steady = bool(spec.get("steady"))
     all_running: tuple[int, float] | None = None
     try:
         while shared.total() < n and time.monotonic() < deadline:
             _check_alive(procs)
-            if all_running is None and shared.all_started():
+            if steady and all_running is None and shared.all_started():
                 all_running = (shared.total(), time.time())
             time.sleep(0.005)
         done = shared.total()
@@ -157,7 +158,7 @@ def drain(drv: Driver, spec: dict[str, Any]) -> dict[str, Any]:
     span = last - first
     rate = (done - 1) / span if done > 1 and span > 0 else float("nan")
     out = {"rate": rate, "jobs": n, "completed": done, "elapsed_s": span, "all_done": done >= n}
-    if spec.get("steady"):
+    if steady:
         out.update(_steady_rate(rate, done, last, all_running))
     return out
 

@@ -140,9 +140,10 @@ class _Listener:
 # (100,000 by default) at every execution, even of a prepared plan. The grab is one cheap
 # statement with a costly-looking estimate: once the statistics knew of a large backlog
 # (100,000 ready jobs), its generic plan was costed at ~519,000, past the inlining and
-# optimisation thresholds too, and each grab spent ~800 ms compiling 106 functions: a
-# drain of 100,000 jobs with grabs of 100 fell from ~1,600 to ~130 jobs/s (13,000-21,000
-# jobs/s with JIT off; bench/backlog_drain.py runs both). Test: tests/test_lease_durability.py
+# optimisation thresholds too, and each grab took 739-910 ms, compiling 106 functions
+# (bench/results/jit-auto-explain.txt): a drain of 100,000 jobs with grabs of 100 made
+# 1,745-1,829 jobs/s and then stalled, against 21,976 jobs/s with JIT off
+# (bench/backlog_drain.py runs both). Test: tests/test_lease_durability.py
 # ::test_no_grab_is_jit_compiled_however_big_the_backlog_looks.
 NO_JIT = "-c jit=off"
 _SETS_JIT = re.compile(r"(?:^|\s)(?:-c\s*|--)jit\s*=")
