@@ -40,7 +40,7 @@ with db.store.transaction() as tx:
         q.open_batch(tx, "big", now=now)
         tx.execute(
             "INSERT INTO homing_jobs (id, type, args, state, run_at, available_at, created_at, "
-            "batch_id) SELECT gen_random_uuid()::text, 'kid', '{}'::jsonb, 'ready', ?, ?, ?, "
+            "batch_id) SELECT gen_random_uuid(), 'kid', '{}'::jsonb, 'ready', ?, ?, ?, "
             "'big' FROM generate_series(1, 100000)", (now, now, now))
         q.commit_batch(tx, "big", now=now)
     for i in range(drained):
@@ -87,7 +87,7 @@ class Capture:
 
 with db.store.transaction() as tx:
     cap = Capture(tx)
-    lease = q.Lease("tok", time.time() + 60, "h", 1, "w")
+    lease = q.Lease(homing.uuid7(), time.time() + 60, "h", 1, "w")
     q.grab_jobs(cap, ["t"], now=time.time(), lease=lease, limit=1, where=None)
 sql, params = cap.statements[0]
 out = {}

@@ -95,7 +95,7 @@ def homing_point(k: int, schema: str) -> dict[str, Any]:
     # the statements of one empty grab, captured from the job API
     with db.store.transaction() as tx:
         cap = _Capture(tx)
-        lease = q.Lease("tok", time.time() + 60, "h", 1, "w")
+        lease = q.Lease(homing.uuid7(), time.time() + 60, "h", 1, "w")
         q.grab_jobs(cap, ["t"], now=time.time(), lease=lease, limit=1, where=None)  # type: ignore[arg-type]
     times = []
     for _ in range(200):
@@ -201,7 +201,7 @@ def wal_per_job(jobs: int = 300) -> dict[str, float]:
             for _ in range(jobs):
                 (new,) = db._ops.new_jobs([("t", {"i": 1, "p": "x" * 80})])
                 q.insert_jobs(w, [new])  # type: ignore[arg-type]
-                lease = q.Lease("tok-" + new.id, time.time() + 60, "host", 1, "worker")
+                lease = q.Lease(homing.uuid7(), time.time() + 60, "host", 1, "worker")
                 q.grab_jobs(w, ["t"], now=time.time(), lease=lease, limit=1, where=None)  # type: ignore[arg-type]
                 q.finish_leased(w, [(new.id, lease.token)], now=time.time())  # type: ignore[arg-type]
             (done,) = conn.execute(

@@ -67,7 +67,7 @@ for r in range(rounds):
     new = db._ops.new_jobs([("bench", args)] * batch)
     sql, params = captured(db, lambda c: q.insert_jobs(c, new))
     timed(sql, params, totals, "insert")
-    lease = q.Lease(f"tok-{r}", time.time() + 60, "host.example.org", 12345, "worker")
+    lease = q.Lease(homing.uuid7(), time.time() + 60, "host.example.org", 12345, "worker")
     sql, params = captured(
         db, lambda c: q.grab_jobs(c, ["bench"], now=time.time(), lease=lease, limit=batch, where=None)
     )

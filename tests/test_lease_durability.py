@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 import homing
+from homing.ids import uuid7
 
 
 def _sync_setting(db: homing.Database, *, durable: bool) -> str:
@@ -106,7 +107,7 @@ def test_the_generic_plan_of_a_grab_reads_no_table_whole(db: homing.Database) ->
         q.open_batch(tx, "big", now=now)
         tx.execute(
             "INSERT INTO homing_jobs (id, type, args, state, run_at, available_at, created_at, "
-            "batch_id) SELECT gen_random_uuid()::text, 'kid', '{}'::jsonb, 'ready', ?, ?, ?, "
+            "batch_id) SELECT gen_random_uuid(), 'kid', '{}'::jsonb, 'ready', ?, ?, ?, "
             "'big' FROM generate_series(1, 20000)",
             (now, now, now),
         )
@@ -148,7 +149,7 @@ def _prepared_grab(
 
     with db.store.transaction() as tx:
         cap = Capture(tx)
-        lease = q.Lease("tok", _time.time() + 60, "h", 1, "w")
+        lease = q.Lease(uuid7(), _time.time() + 60, "h", 1, "w")
         q.grab_jobs(cap, [job_type], now=now, lease=lease, limit=limit, where=None)  # type: ignore[arg-type]
     sql, params = cap.statements[0]
     numbered = sql.split("%s")
@@ -170,7 +171,7 @@ def test_no_grab_is_jit_compiled_however_big_the_backlog_looks(
     with db.store.transaction() as tx:
         tx.execute(
             "INSERT INTO homing_jobs (id, type, args, state, run_at, available_at, created_at) "
-            "SELECT gen_random_uuid()::text, 'big', '{}'::jsonb, 'ready', ?, ?, ? "
+            "SELECT gen_random_uuid(), 'big', '{}'::jsonb, 'ready', ?, ?, ? "
             "FROM generate_series(1, 100000)",
             (now, now, now),
         )

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 import homing
+from homing.ids import job_uuid
+from homing.store import spark_queries as sq
 from homing.store.migrations import COMPONENTS, applied_versions, component_migrations
 
 
@@ -83,3 +85,69 @@ def test_newer_schema_is_refused(store_url: str) -> None:
     db.close()
     with pytest.raises(homing.SchemaError, match="newer than this homing knows"):
         homing.connect(store_url)
+
+
+def test_a_store_of_text_ids_carries_its_jobs_leases_and_history_into_native_uuids(
+    stores: object, clock: homing.ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """jobs version 8 (PostgreSQL: ids and lease tokens become uuid columns): a store made
+    at version 7 keeps every job, a lease taken before the upgrade can still be completed
+    with its token, and the failure history and dependencies still name their jobs."""
+    from homing.store.migrations import jobs as job_schema
+
+    url = stores.url()  # type: ignore[attr-defined]
+    monkeypatch.setattr(job_schema, "MIGRATIONS", job_schema.MIGRATIONS[:7])
+    old = homing.connect(url, clock=clock)
+    first = old.insert("m8", {"n": 1})
+    old.insert("m8", {"n": 2}, after=[first])
+    retried = old.insert("m8_retry", {"n": 3})
+    (held,) = old.grab_many(["m8"], lock_for=60, limit=1)
+    assert held.handle == first
+    (failing,) = old.grab_many(["m8_retry"], lock_for=60, limit=1)
+    old.temp_fail(failing, "boom", retry_in=0)
+    with old.store.transaction() as tx:  # type: ignore[union-attr]
+        # a Spark sink's idColumn could store any string as an id (and as a parent id)
+        args = "?::jsonb" if tx.dialect == "postgres" else "?"
+        for job_id, parent in (("legacy-7", None), (homing.uuid7(), "legacy-7")):
+            tx.execute(
+                "INSERT INTO homing_jobs (id, type, args, state, run_at, available_at, "
+                f"created_at, parent_id) VALUES (?, 'm8_legacy', {args}, 'ready', ?, ?, ?, ?)",
+                (job_id, "{}", clock.now(), clock.now(), clock.now(), parent),
+            )
+    old.close()
+    monkeypatch.undo()
+
+    new = homing.connect(url, clock=clock)
+    with new.store.transaction() as tx:  # type: ignore[union-attr]
+        assert tx.query_one(
+            "SELECT 1 FROM homing_migrations WHERE component = 'jobs' AND version = 8"
+        )
+        if tx.dialect == "postgres":
+            types = dict(
+                tx.query(
+                    "SELECT table_name || '.' || column_name, data_type "
+                    "FROM information_schema.columns WHERE table_schema = current_schema() "
+                    "AND column_name IN ('id', 'lease_token', 'job_id', 'after_id') "
+                    "AND table_name IN ('homing_jobs', 'homing_job_failures', 'homing_job_deps')"
+                )
+            )
+            assert set(types.values()) == {"uuid"}, types
+            assert len(types) == 5, types
+    new.complete(held.handle, lease_token=held.lease_token)  # the lease outlived the upgrade
+    assert new.details(first).state == "done"
+    history = new.details(retried).failures
+    assert [f.message for f in history] == ["boom"]
+    new.release_waiting()
+    got = sorted(j.args["n"] for j in new.grab_many(["m8", "m8_retry"], lock_for=60, limit=10))
+    assert got == [2, 3]  # the dependent job was released when its dependency finished
+
+    legacy = job_uuid("legacy-7")
+    assert new.details(legacy).type == "m8_legacy"
+    assert len(new.cancel_children(legacy)) == 1  # its child still names it
+    with new.store.transaction() as tx:  # type: ignore[union-attr]
+        sq.open_batch(tx, "rerun", now=clock.now(), info="test")
+        sq.stage_jobs(tx, "rerun", [sq.StagedJob("legacy-7", "m8_legacy", "{}", 0, 0, None)], now=0)
+        sq.publish(tx, "rerun", sink="test", label="rerun", now=clock.now())
+        count = tx.query_one("SELECT count(*) FROM homing_jobs WHERE type = 'm8_legacy'")
+    assert count is not None and count[0] == 2  # the sink's rerun found the row it wrote
+    new.close()

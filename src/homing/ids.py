@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import threading
@@ -100,3 +101,14 @@ _UUID_TEXT = re.compile(
 def is_uuid(text: str) -> bool:
     """True if ``text`` is a UUID in canonical text form."""
     return isinstance(text, str) and _UUID_TEXT.fullmatch(text) is not None
+
+
+def job_uuid(text: str) -> str:
+    """The job id that ``text`` stands for: a UUID as it is (lower case), any other string
+    the UUID of its MD5 digest. Job ids are UUIDs (native ``uuid`` on PostgreSQL); a Spark
+    sink's ``idColumn`` may hold other strings, which map to the same id every time, in
+    Python as in the schema migration that converted stored ids (``md5(id)::uuid``)."""
+    if _UUID_TEXT.fullmatch(text) is not None:
+        return text.lower()
+    h = hashlib.md5(text.encode(), usedforsecurity=False).hexdigest()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"

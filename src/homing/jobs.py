@@ -99,6 +99,9 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{threading.current_thread().name}"
 
 
+_NO_LEASE = "00000000-0000-0000-0000-000000000000"
+
+
 class JobOps:
     """The job operations over an open transaction; handles carry ``shard`` when sharded."""
 
@@ -134,7 +137,7 @@ class JobOps:
             )
         if not ids.is_uuid(job_id):
             raise JobNotFound(f"{handle!r} is not a job handle (expected a UUID)")
-        return job_id
+        return job_id.lower()  # as the store gives ids back (PostgreSQL's uuid type)
 
     def _lease_of(self, job: Any, lease_token: str | None) -> tuple[str, str]:
         if isinstance(job, Job):
@@ -143,7 +146,11 @@ class JobOps:
             raise InvalidArgument("pass the Job returned by grab(), or a handle with lease_token=")
         if not isinstance(lease_token, str):
             raise InvalidArgument(f"lease_token must be a string, got {lease_token!r}")
-        return self.id_of(job), lease_token
+        # A token that is no UUID was never given out (grab makes uuid7s): it holds no lease,
+        # and is refused as stale like any other; PostgreSQL's uuid column could not even
+        # compare it. The nil UUID stands in for it: no lease has it.
+        token = lease_token.lower() if ids.is_uuid(lease_token) else _NO_LEASE
+        return self.id_of(job), token
 
     # insert --------------------------------------------------------------------------
     def new_jobs(self, items: Iterable[Any], parent_id: str | None = None) -> list[q.NewJob]:

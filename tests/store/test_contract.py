@@ -14,6 +14,7 @@ import pytest
 
 import homing
 from homing.errors import StoreUnavailable
+from homing.ids import uuid7
 from homing.store import open_store
 from homing.store.postgres import _Replanner
 from homing.store.protocol import Capabilities, Store
@@ -437,7 +438,7 @@ def test_grabs_that_fill_their_limit_do_not_walk_finished_leases(
         db.insert_many([("contract_m", {"i": i}) for i in range(50)])
         with db.store.transaction() as tx:
             capture = _Capture(tx)
-            lease = q.Lease("t", db.clock.now() + 60, "h", 1, "w")
+            lease = q.Lease(uuid7(), db.clock.now() + 60, "h", 1, "w")
             q.grab_jobs(
                 capture, ["contract_m"], now=db.clock.now(), lease=lease, limit=50, where=None
             )  # type: ignore[arg-type]

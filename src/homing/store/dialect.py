@@ -108,6 +108,11 @@ class SqlDialect:
         """``expr`` (a JSON column) as JSON text."""
         return expr
 
+    def job_id(self, expr: str) -> str:
+        """``expr`` (a job id kept as text by another component) comparable with
+        ``homing_jobs.id`` (a native uuid on PostgreSQL)."""
+        return expr
+
     def args_field(self, name: str) -> str:
         """The text of top-level field ``name`` (a constant identifier) of ``args``."""
         raise NotImplementedError

@@ -28,6 +28,7 @@ from homing.store.wakeup import NotifyWakeup
 try:
     import psycopg
     from psycopg import sql as pgsql
+    from psycopg.types.string import TextLoader
     from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ConfigurationError(
@@ -157,6 +158,11 @@ _SETS_JIT = re.compile(r"(?:^|\s)(?:-c\s*|--)jit\s*=")
 # Generic plans follow the tables' growth through _Replanner.
 _LEASE_SETTINGS = ("-c synchronous_commit=off", "-c plan_cache_mode=force_generic_plan")
 
+# Job ids and lease tokens are native uuid columns on PostgreSQL (migrations/jobs.py,
+# version 8) and text everywhere in homing's API: homing's sessions read a uuid as its text.
+_ADAPTERS = psycopg.adapt.AdaptersMap(psycopg.adapters)
+_ADAPTERS.register_loader("uuid", TextLoader)
+
 
 class _Replanner:
     """Drop a connection's prepared statements now and then, so their plans follow the tables.
@@ -250,7 +256,7 @@ class PostgresStore:
         self.durable = durable
         self.clock: Clock = clock or SystemClock()
         size = pool_size or int(own.get("pool_size", "10"))
-        kwargs: dict[str, Any] = {"autocommit": True}
+        kwargs: dict[str, Any] = {"autocommit": True, "context": _ADAPTERS}
         given = psycopg.conninfo.conninfo_to_dict(self.conninfo).get("options")
         settings = [] if given and _SETS_JIT.search(str(given)) else [NO_JIT]
         if self.schema:

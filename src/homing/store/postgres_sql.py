@@ -134,6 +134,9 @@ class PostgresSql(SqlDialect):
     def json_text(self, expr: str) -> str:
         return f"{expr}::text"
 
+    def job_id(self, expr: str) -> str:
+        return f"{expr}::uuid"
+
     def args_field(self, name: str) -> str:
         return f"args->>'{name}'"
 
@@ -161,7 +164,7 @@ class PostgresSql(SqlDialect):
         duplicate ids is deduplicated by a sort (DISTINCT ON); one without (the usual
         case, checked here) skips that sort."""
         tx.execute(
-            "CREATE TEMP TABLE IF NOT EXISTS homing_spark_stage (id TEXT, type TEXT, args TEXT, "
+            "CREATE TEMP TABLE IF NOT EXISTS homing_spark_stage (id UUID, type TEXT, args TEXT, "
             "priority INTEGER, run_at DOUBLE PRECISION, parent_id TEXT) ON COMMIT DELETE ROWS"
         )
         cur = tx.connection.cursor()
@@ -250,7 +253,7 @@ class PostgresSql(SqlDialect):
         )
         tx.execute(
             f"WITH ins AS (INSERT INTO homing_jobs ({_INSERT_COLS}) "
-            "SELECT e->>0, e->>1, e->2, (e->>3)::int, 'ready', (e->>4)::float8, "
+            "SELECT (e->>0)::uuid, e->>1, e->2, (e->>3)::int, 'ready', (e->>4)::float8, "
             "(e->>4)::float8, e->>5, e->>6, (e->>7)::float8 "
             "FROM jsonb_array_elements(?::jsonb) AS e "
             f"ON CONFLICT DO NOTHING RETURNING 1){announce}",
@@ -338,11 +341,11 @@ class PostgresSql(SqlDialect):
         if len(tokens) == 1:  # one lease (the usual case): the token is one parameter
             token_sql, params = "j.lease_token = ?", [tokens.pop()]
         else:  # each job its own pair's token (a repeated id: its first pair's)
-            token_sql = "j.lease_token = (?::text[])[array_position(?::text[], j.id)]"
+            token_sql = "j.lease_token = (?::uuid[])[array_position(?::uuid[], j.id)]"
             params = [[p[1] for p in pairs], ids]
         rows = tx.query(
             "UPDATE homing_jobs j SET state = 'done', finished_at = ?, lease_expires_at = NULL "
-            f"WHERE j.id = ANY(?::text[]) AND {token_sql} AND j.state = {STILL_RUNNING} "
+            f"WHERE j.id = ANY(?::uuid[]) AND {token_sql} AND j.state = {STILL_RUNNING} "
             "RETURNING j.id, j.lease_token",
             (now, ids, *params),
         )

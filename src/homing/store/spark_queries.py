@@ -16,6 +16,7 @@ import json
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from homing.ids import job_uuid
 from homing.store import jobs_queries as q
 from homing.store.protocol import Tx, to_pyformat
 
@@ -275,6 +276,14 @@ class StagedJob(NamedTuple):
     parent_id: str | None
 
 
+def _with_job_uuids(job: StagedJob) -> StagedJob:
+    job_id = job_uuid(job.id)
+    parent = None if job.parent_id is None else job_uuid(job.parent_id)
+    if job_id == job.id and parent == job.parent_id:
+        return job
+    return job._replace(id=job_id, parent_id=parent)
+
+
 _ADOPT = (
     "ON CONFLICT (id) DO UPDATE SET batch_id = excluded.batch_id, "
     "staged_in = excluded.staged_in "
@@ -294,10 +303,12 @@ def stage_jobs(tx: Tx, staged_batch: str, jobs: Sequence[StagedJob], *, now: flo
     A job whose id exists already is left alone, except when it sits in another batch that
     was never published (the orphan of a crashed run): then it is re-pointed into this one,
     so it becomes visible with this batch. Committed, grabbed and finished jobs never move.
-    On PostgreSQL the rows travel by COPY into a temporary table, then one upsert.
+    On PostgreSQL the rows travel by COPY into a temporary table, then one upsert. An id
+    (or parent id) that is no UUID is stored as ``ids.job_uuid`` of it.
     """
     if not jobs:
         return
+    jobs = [_with_job_uuids(j) for j in jobs]
     tx.sql.stage_jobs(
         tx,
         f"INSERT INTO homing_jobs ({_STAGE_COLS}) VALUES (?, ?, ?, ?, 'ready', ?, ?, ?, ?, ?, ?) "

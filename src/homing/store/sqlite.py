@@ -12,6 +12,7 @@ from pathlib import Path
 
 from homing.clock import Clock, SystemClock
 from homing.errors import ConfigurationError, StoreUnavailable
+from homing.ids import job_uuid
 from homing.store._common import TxSlot, parse_bool, split_url
 from homing.store.protocol import Capabilities, Dialect, Tx, Wakeup
 from homing.store.sqlite_sql import SqliteSql
@@ -34,6 +35,10 @@ def parse_sqlite_url(url: str) -> tuple[Path, dict[str, str]]:
             "use a file, for example in a temporary directory"
         )
     return Path(path), options
+
+
+def _job_uuid(text: str | None) -> str | None:
+    return None if text is None else job_uuid(text)
 
 
 class SQLiteStore:
@@ -89,6 +94,8 @@ class SQLiteStore:
             self._switch_to_wal(conn)
             conn.execute("PRAGMA synchronous = " + ("FULL" if self.durable else "OFF"))
             conn.execute("PRAGMA foreign_keys = ON")
+            # for the migration of job ids to UUIDs (migrations/jobs.py, version 8)
+            conn.create_function("homing_job_uuid", 1, _job_uuid, deterministic=True)
         except sqlite3.DatabaseError as exc:
             raise StoreUnavailable(
                 f"cannot open SQLite database {self.path}: {exc}; check the path and its permissions"

@@ -46,7 +46,7 @@ def finished_job_entries(tx: Tx, limit: int) -> list[tuple[int, str | None]]:
         (int(seq), None if state is None else str(state))
         for seq, state in tx.query(
             "SELECT e.seq, j.state FROM homing_engine_entries e "
-            "LEFT JOIN homing_jobs j ON j.id = e.job_id "
+            f"LEFT JOIN homing_jobs j ON j.id = {tx.sql.job_id('e.job_id')} "
             "WHERE e.state = 'outstanding' AND e.job_id IS NOT NULL "
             "AND (j.id IS NULL OR j.state IN ('done', 'failed')) ORDER BY e.seq LIMIT ?",
             (limit,),

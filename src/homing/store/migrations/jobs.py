@@ -213,6 +213,49 @@ _LISTENERS = (
     "PRIMARY KEY (channel, backend))"
 )
 
+# Version 8: job ids are UUIDs everywhere. On PostgreSQL ids and lease tokens become native
+# uuid columns (16 bytes against 37 as text, compared by memcmp instead of the collation):
+# each of a job's row versions writes its id into the id index, so every job's WAL and
+# index pages shrink. ALTER ... TYPE rewrites homing_jobs under an exclusive lock.
+# The API always made uuid7 ids and refused other handles, but a Spark sink's idColumn
+# could store any string: such an id (and a parent id naming it) becomes ids.job_uuid of
+# it, the UUID of its MD5 digest, which the sink now applies to what it writes, so a
+# rerun of the same rows still finds them. SQLite keeps text columns; the same mapping
+# through homing_job_uuid(), a function its connections define (store/sqlite.py).
+_UUID_RE = "'^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$'"
+
+
+def _as_uuid(column: str) -> str:
+    return f"CASE WHEN {column} ~ {_UUID_RE} THEN {column}::uuid ELSE md5({column})::uuid END"
+
+
+def _v8_postgres() -> tuple[str, ...]:
+    parent = _as_uuid("parent_id")
+    return (
+        f"UPDATE homing_jobs SET parent_id = ({parent})::text "
+        f"WHERE parent_id IS NOT NULL AND parent_id <> ({parent})::text",
+        f"ALTER TABLE homing_jobs ALTER COLUMN id TYPE uuid USING {_as_uuid('id')}, "
+        f"ALTER COLUMN lease_token TYPE uuid USING {_as_uuid('lease_token')}",
+        f"ALTER TABLE homing_job_failures ALTER COLUMN job_id TYPE uuid USING {_as_uuid('job_id')}",
+        f"ALTER TABLE homing_job_deps ALTER COLUMN job_id TYPE uuid USING {_as_uuid('job_id')}, "
+        f"ALTER COLUMN after_id TYPE uuid USING {_as_uuid('after_id')}",
+    )
+
+
+def _v8_sqlite() -> tuple[str, ...]:
+    def remap(table: str, *columns: str) -> str:
+        sets = ", ".join(f"{c} = homing_job_uuid({c})" for c in columns)
+        differ = " OR ".join(f"{c} <> homing_job_uuid({c})" for c in columns)
+        return f"UPDATE {table} SET {sets} WHERE {differ}"
+
+    return (
+        remap("homing_jobs", "id"),
+        remap("homing_jobs", "parent_id"),
+        remap("homing_job_failures", "job_id"),
+        remap("homing_job_deps", "job_id", "after_id"),
+    )
+
+
 MIGRATIONS: list[Migration] = [
     Migration(1, "jobs", _SQLITE, _POSTGRES),
     Migration(2, "ready_index", _V2_SQLITE, _V2_POSTGRES),
@@ -238,4 +281,5 @@ MIGRATIONS: list[Migration] = [
         ("CREATE TABLE " + _LISTENERS.format(real="REAL"),),
         ("CREATE UNLOGGED TABLE " + _LISTENERS.format(real="DOUBLE PRECISION"),),
     ),
+    Migration(8, "uuid_ids", _v8_sqlite(), _v8_postgres()),
 ]
