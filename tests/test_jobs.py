@@ -85,6 +85,24 @@ def test_unique_key_returns_first_handle_while_retained(jobs: JobAPI, clock: Man
     assert jobs.insert("charge", {"cents": 100}, unique_key="order-1") != first
 
 
+def test_a_batch_mixing_keyed_and_plain_jobs_dedupes_only_the_keys(jobs: JobAPI) -> None:
+    """A batch with a unique key goes in with ON CONFLICT (PostgreSQL); one without goes in
+    plainly: both kinds insert every plain job, and a repeated key returns its first job."""
+    first = jobs.insert("mix", {"n": 0}, unique_key="mix-key")
+    handles = jobs.insert_many(
+        [
+            JobSpec("mix", {"n": 1}),
+            JobSpec("mix", {"n": 2}, unique_key="mix-key"),
+            ("mix", {"n": 3}),
+        ]
+    )
+    assert handles[1] == first and len(set(handles)) == 3
+    plain = jobs.insert_many([("mix", {"n": 4}), ("mix", {"n": 5})])
+    assert len(set(plain)) == 2
+    got = sorted(j.args["n"] for j in jobs.grab_many("mix", lock_for=5, limit=10))
+    assert got == [0, 1, 3, 4, 5]
+
+
 def test_unique_key_of_perm_failed_job_and_redrive(jobs: JobAPI) -> None:
     h = jobs.insert("x", None, unique_key="k")
     for _ in range(2):

@@ -89,8 +89,10 @@ IDLE_FORGOTTEN_AFTER_S = 3600.0  # an idle registration not renewed for this lon
 
 
 def insert_jobs(tx: Tx, jobs: Sequence[NewJob]) -> list[str]:
-    """Insert jobs; a job whose id or unique_key exists already is not inserted and the
-    existing job's id is returned in its place. Returns ids in input order."""
+    """Insert jobs; a job whose unique_key exists already is not inserted and the
+    existing job's id is returned in its place. Returns ids in input order. The ids must
+    be new (``Jobs.new_jobs`` makes uuid7s): PostgreSQL inserts a batch without unique
+    keys without ``ON CONFLICT``, and a repeated id there is an error."""
     if not jobs:
         return []
     tx.sql.insert_jobs(

@@ -231,12 +231,16 @@ class PostgresSql(SqlDialect):
             + f" SELECT pg_notify(?, ?) WHERE EXISTS (SELECT 1 FROM ins) AND {_LISTENING} "
             "UNION ALL SELECT pg_notify(channel, '') FROM woken"
         )
+        # Only a unique_key can meet an existing job: ids are new (uuid7s made for this
+        # insert). Without one, a plain INSERT: ON CONFLICT makes every row a speculative
+        # insertion (a probe of each unique index first, a confirmation record after).
+        conflict = " ON CONFLICT DO NOTHING" if any(r[5] is not None for r in rows) else ""
         if len(rows) == 1:
             r = rows[0]
             tx.execute(
                 f"WITH ins AS (INSERT INTO homing_jobs ({_INSERT_COLS}) "
-                "VALUES (?, ?, ?::jsonb, ?, 'ready', ?, ?, ?, ?, ?) "
-                f"ON CONFLICT DO NOTHING RETURNING 1){announce}",
+                "VALUES (?, ?, ?::jsonb, ?, 'ready', ?, ?, ?, ?, ?)"
+                f"{conflict} RETURNING 1){announce}",
                 (r[0], r[1], r[2], r[3], r[4], r[4], r[5], r[6], r[7], full, "1", full),
             )
             return
@@ -255,8 +259,7 @@ class PostgresSql(SqlDialect):
             f"WITH ins AS (INSERT INTO homing_jobs ({_INSERT_COLS}) "
             "SELECT (e->>0)::uuid, e->>1, e->2, (e->>3)::int, 'ready', (e->>4)::float8, "
             "(e->>4)::float8, e->>5, e->>6, (e->>7)::float8 "
-            "FROM jsonb_array_elements(?::jsonb) AS e "
-            f"ON CONFLICT DO NOTHING RETURNING 1){announce}",
+            f"FROM jsonb_array_elements(?::jsonb) AS e{conflict} RETURNING 1){announce}",
             (doc, full, str(len(rows)), full),
         )
 
