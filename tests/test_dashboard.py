@@ -89,6 +89,23 @@ def test_unknown_job_and_bad_cursor_are_clear(served: tuple[homing.JobAPI, httpx
     assert client.get("/jobs", params={"cursor": "x;1"}).status_code == 400
 
 
+def test_actions_on_a_handle_that_names_no_job_are_404s(
+    served: tuple[homing.JobAPI, httpx.Client],
+) -> None:
+    """A malformed id reaches no SQL (PostgreSQL's uuid column would refuse it as a 500)."""
+    db, client = served
+    handle = _failed_job(db)
+    token = _csrf(client, f"/jobs/{handle}")
+    for bad in ("not-a-job", "01a2", "x" * 36):
+        for action in ("perm_fail", "delete", "redrive", "cancel"):
+            response = client.post(f"/jobs/{bad}/{action}", data={"csrf": token})
+            assert response.status_code == 404, (bad, action, response.status_code)
+    upper = client.post(f"/jobs/{handle.upper()}/delete", data={"csrf": token})
+    assert upper.status_code == 200  # a UUID in capitals names the same job
+    with pytest.raises(homing.JobNotFound):
+        db.details(handle)
+
+
 def test_keyset_pages_list_every_job_once(served: tuple[homing.JobAPI, httpx.Client]) -> None:
     db, client = served
     inserted = set(db.insert_many([("bulk", {"i": i}) for i in range(123)]))

@@ -11,6 +11,7 @@ import logging
 from dataclasses import asdict
 from typing import Any
 
+from homing import ids
 from homing.database import Database, ShardedDatabase
 from homing.errors import InvalidArgument, InvalidState, JobNotFound
 from homing.store import dashboard_queries as dq
@@ -50,9 +51,9 @@ class Source:
             if not sep or not prefix.isdigit() or int(prefix) >= len(self.shards):
                 raise JobNotFound(f"{handle!r} is not a job handle of this sharded store")
             shard = int(prefix)
-        if not job_id or len(job_id) > 64:
+        if not ids.is_uuid(job_id):  # job ids are UUIDs (PostgreSQL could not even compare)
             raise JobNotFound(f"{handle!r} is not a job handle")
-        return self.shards[shard], job_id
+        return self.shards[shard], job_id.lower()
 
 
 # -- overview ----------------------------------------------------------------------------
