@@ -160,3 +160,12 @@ def test_narrow_row_sketch_measures_three_layouts() -> None:
     }
     assert set(leaf) == {"raw", "homing", "split"}, proc.stdout
     assert leaf["raw"] < leaf["split"] < leaf["homing"], leaf
+
+
+@pytest.mark.timeout(120)
+def test_uuid_migration_times_the_upgrade_of_a_filled_store() -> None:
+    """bench/uuid_migration.py fills a store at jobs 7 (text ids) and times the upgrade."""
+    proc = _run_script("bench/uuid_migration.py", "--jobs", "2000")
+    assert "upgrade to jobs 8 took" in proc.stdout and "(id is uuid now)" in proc.stdout, (
+        proc.stdout
+    )
