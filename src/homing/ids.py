@@ -108,7 +108,7 @@ def job_uuid(text: str) -> str:
     the UUID of its MD5 digest. Job ids are UUIDs (native ``uuid`` on PostgreSQL); a Spark
     sink's ``idColumn`` may hold other strings, which map to the same id every time, in
     Python as in the schema migration that converted stored ids (``md5(id)::uuid``)."""
-    if _UUID_TEXT.fullmatch(text) is not None:
+    if is_uuid(text):
         return text.lower()
     h = hashlib.md5(text.encode(), usedforsecurity=False).hexdigest()
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
