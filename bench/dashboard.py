@@ -31,7 +31,7 @@ FILL = [
     "UPDATE homing_jobs SET state = 'failed', finished_at = %(now)s - (seq %% 86400), "
     "last_error = 'smtp said no' WHERE seq %% 1000 BETWEEN 990 AND 994",
     "UPDATE homing_jobs SET state = 'running', lease_expires_at = %(now)s + 600, "
-    "available_at = %(now)s + 600, lease_token = 't', holder_host = 'bench' "
+    "available_at = %(now)s + 600, lease_token = md5(seq::text)::uuid "
     "WHERE seq %% 1000 BETWEEN 995 AND 999",
 ]
 

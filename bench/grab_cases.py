@@ -76,6 +76,12 @@ for _ in range(20):
     db.insert_many([("t", {"i": i}) for i in range(100)])
     db.complete_many(db.grab_many("t", lock_for=60, limit=100))
 
+def lease_of(tx, token, until, host, pid, worker):
+    # the holder registry (jobs schema 9), or in older trees the holder in the lease itself
+    if "holder" not in q.Lease.__dataclass_fields__:
+        return q.Lease(token, until, host, pid, worker)
+    return q.Lease(token, until, q.register_holder(tx, host, pid, worker, now=time.time()))
+
 class Capture:
     def __init__(self, tx):
         self.real, self.sql, self.store, self.dialect = tx, tx.sql, tx.store, tx.dialect
@@ -87,7 +93,7 @@ class Capture:
 
 with db.store.transaction() as tx:
     cap = Capture(tx)
-    lease = q.Lease(homing.uuid7(), time.time() + 60, "h", 1, "w")
+    lease = lease_of(tx, homing.uuid7(), time.time() + 60, "h", 1, "w")
     q.grab_jobs(cap, ["t"], now=time.time(), lease=lease, limit=1, where=None)
 sql, params = cap.statements[0]
 out = {}

@@ -94,8 +94,9 @@ def homing_point(k: int, schema: str) -> dict[str, Any]:
         db.complete_many(db.grab_many("t", lock_for=60, limit=n))
     # the statements of one empty grab, captured from the job API
     with db.store.transaction() as tx:
+        holder = q.register_holder(tx, "h", 1, "w", now=time.time())
         cap = _Capture(tx)
-        lease = q.Lease(homing.uuid7(), time.time() + 60, "h", 1, "w")
+        lease = q.Lease(homing.uuid7(), time.time() + 60, holder)
         q.grab_jobs(cap, ["t"], now=time.time(), lease=lease, limit=1, where=None)  # type: ignore[arg-type]
     times = []
     for _ in range(200):
@@ -198,10 +199,11 @@ def wal_per_job(jobs: int = 300) -> dict[str, float]:
         with psycopg.connect(PG, autocommit=True, options=f"-c search_path={tag}_h") as conn:
             with db.store.transaction() as tx:
                 w = _WalTx(tx, conn)
+                holder = q.register_holder(tx, "host", 1, "worker", now=time.time())
             for _ in range(jobs):
                 (new,) = db._ops.new_jobs([("t", {"i": 1, "p": "x" * 80})])
                 q.insert_jobs(w, [new])  # type: ignore[arg-type]
-                lease = q.Lease(homing.uuid7(), time.time() + 60, "host", 1, "worker")
+                lease = q.Lease(homing.uuid7(), time.time() + 60, holder)
                 q.grab_jobs(w, ["t"], now=time.time(), lease=lease, limit=1, where=None)  # type: ignore[arg-type]
                 q.finish_leased(w, [(new.id, lease.token)], now=time.time())  # type: ignore[arg-type]
             (done,) = conn.execute(

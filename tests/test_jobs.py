@@ -385,6 +385,38 @@ def test_details_show_holder_and_lease(jobs: JobAPI) -> None:
     assert d.args == {"a": [1, 2]} and d.as_dict()["handle"] == h
 
 
+def test_holders_are_registered_once_renewed_while_grabbing_and_forgotten_when_idle(
+    db: homing.Database, clock: ManualClock
+) -> None:
+    """The holder registry (jobs schema 9) stays bounded: one row per worker id however
+    many grabs, renewed while it grabs, forgotten by gc a day after its last grab unless a
+    running job still names it (only a running job's holder is ever read)."""
+
+    def registry() -> dict[str, float]:
+        with db.store.transaction(write=False) as tx:
+            return {
+                str(w): float(s) for w, s in tx.query("SELECT worker, seen_at FROM homing_holders")
+            }
+
+    for n in range(30):
+        db.insert("reg", n)
+    for _ in range(10):
+        db.complete_many(db.grab_many(["reg"], lock_for=60, limit=2, worker_id="busy"))
+    (idle,) = db.grab_many(["reg"], lock_for=10**5, limit=1, worker_id="holds-one")
+    assert set(registry()) == {"busy", "holds-one"}
+    first = registry()["busy"]
+    clock.advance(601)  # past the renewal period: the next grab renews the registration
+    db.complete_many(db.grab_many(["reg"], lock_for=60, limit=2, worker_id="busy"))
+    assert registry()["busy"] == pytest.approx(first + 601)
+
+    clock.advance(86400 + 1)  # a day without grabs: "busy" is forgotten, "holds-one" is not
+    db.gc()
+    assert set(registry()) == {"holds-one"}
+    assert db.details(idle).holder is not None
+    db.complete_many(db.grab_many(["reg"], lock_for=60, limit=2, worker_id="busy"))
+    assert set(registry()) == {"busy", "holds-one"}  # registered afresh, not a forgotten id
+
+
 def test_gc_keeps_unfinished_and_recent(jobs: JobAPI, clock: ManualClock) -> None:
     old = jobs.insert("t", 1)
     jobs.insert("t", 2)  # stays ready

@@ -148,8 +148,9 @@ def _prepared_grab(
         execute = query
 
     with db.store.transaction() as tx:
+        holder = q.register_holder(tx, "h", 1, "w", now=_time.time())
         cap = Capture(tx)
-        lease = q.Lease(uuid7(), _time.time() + 60, "h", 1, "w")
+        lease = q.Lease(uuid7(), _time.time() + 60, holder)
         q.grab_jobs(cap, [job_type], now=now, lease=lease, limit=limit, where=None)  # type: ignore[arg-type]
     sql, params = cap.statements[0]
     numbered = sql.split("%s")

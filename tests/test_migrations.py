@@ -11,6 +11,7 @@ import pytest
 
 import homing
 from homing.ids import job_uuid
+from homing.store import jobs_queries as q
 from homing.store import spark_queries as sq
 from homing.store.migrations import COMPONENTS, applied_versions, component_migrations
 
@@ -87,6 +88,23 @@ def test_newer_schema_is_refused(store_url: str) -> None:
         homing.connect(store_url)
 
 
+def _lease_in_the_job_row(
+    tx: object,
+    job_id: str,
+    token: str,
+    *,
+    until: float,
+    holder: tuple[str, int, str] = ("h", 1, "h:1:w"),
+) -> None:
+    """Lease a job as versions 1-8 of the jobs schema did: the holder in the job's row."""
+    tx.execute(  # type: ignore[attr-defined]
+        "UPDATE homing_jobs SET state = 'running', attempts = attempts + 1, lease_token = ?, "
+        "lease_expires_at = ?, available_at = ?, holder_host = ?, holder_pid = ?, "
+        "holder_worker = ? WHERE id = ?",
+        (token, until, until, *holder, job_id),
+    )
+
+
 def test_a_store_of_text_ids_carries_its_jobs_leases_and_history_into_native_uuids(
     stores: object, clock: homing.ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -101,11 +119,18 @@ def test_a_store_of_text_ids_carries_its_jobs_leases_and_history_into_native_uui
     first = old.insert("m8", {"n": 1})
     old.insert("m8", {"n": 2}, after=[first])
     retried = old.insert("m8_retry", {"n": 3})
-    (held,) = old.grab_many(["m8"], lock_for=60, limit=1)
-    assert held.handle == first
-    (failing,) = old.grab_many(["m8_retry"], lock_for=60, limit=1)
-    old.temp_fail(failing, "boom", retry_in=0)
+    token = homing.uuid7()
     with old.store.transaction() as tx:  # type: ignore[union-attr]
+        # A lease and a retry as version 7's code wrote them (the holder in the job row;
+        # today's grab writes a holder id that version 7 has no column for).
+        _lease_in_the_job_row(tx, first, token, until=clock.now() + 60)
+        tx.execute(
+            "UPDATE homing_jobs SET attempts = 1, last_error = 'boom' WHERE id = ?", (retried,)
+        )
+        q.add_failure(
+            tx, retried, attempt=1, at=clock.now(), kind="error", host="h", pid=1,
+            worker="h:1:w", message="boom",
+        )  # fmt: skip
         # a Spark sink's idColumn could store any string as an id (and as a parent id)
         args = "?::jsonb" if tx.dialect == "postgres" else "?"
         for job_id, parent in (("legacy-7", None), (homing.uuid7(), "legacy-7")):
@@ -133,7 +158,7 @@ def test_a_store_of_text_ids_carries_its_jobs_leases_and_history_into_native_uui
             )
             assert set(types.values()) == {"uuid"}, types
             assert len(types) == 5, types
-    new.complete(held.handle, lease_token=held.lease_token)  # the lease outlived the upgrade
+    new.complete(first, lease_token=token)  # the lease outlived the upgrade
     assert new.details(first).state == "done"
     history = new.details(retried).failures
     assert [f.message for f in history] == ["boom"]
@@ -150,4 +175,67 @@ def test_a_store_of_text_ids_carries_its_jobs_leases_and_history_into_native_uui
         sq.publish(tx, "rerun", sink="test", label="rerun", now=clock.now())
         count = tx.query_one("SELECT count(*) FROM homing_jobs WHERE type = 'm8_legacy'")
     assert count is not None and count[0] == 2  # the sink's rerun found the row it wrote
+    new.close()
+
+
+def test_leases_held_before_the_holder_registry_keep_their_holders(
+    stores: object, clock: homing.ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """jobs version 9 (the holder moves from the job row into homing_holders): a running
+    job keeps its holder (details, a takeover's history entry, a worker's search for its
+    dead predecessors), its lease can still be completed, and the row's columns are gone."""
+    from homing.store.migrations import jobs as job_schema
+
+    url = stores.url()  # type: ignore[attr-defined]
+    monkeypatch.setattr(job_schema, "MIGRATIONS", job_schema.MIGRATIONS[:8])
+    old = homing.connect(url, clock=clock)
+    held, expiring, waiting = (old.insert("m9", {"n": n}) for n in range(3))
+    tokens = {held: homing.uuid7(), expiring: homing.uuid7()}
+    with old.store.transaction() as tx:  # type: ignore[union-attr]
+        _lease_in_the_job_row(
+            tx, held, tokens[held], until=clock.now() + 600, holder=("box", 41, "box:41:w1")
+        )
+        _lease_in_the_job_row(
+            tx, expiring, tokens[expiring], until=clock.now() + 5, holder=("box", 42, "box:42:w2")
+        )
+    old.close()
+    monkeypatch.undo()
+
+    new = homing.connect(url, clock=clock)
+    with new.store.transaction() as tx:  # type: ignore[union-attr]
+        columns = {
+            str(r[0])
+            for r in (
+                tx.query(
+                    "SELECT column_name FROM information_schema.columns "
+                    "WHERE table_schema = current_schema() AND table_name = 'homing_jobs'"
+                )
+                if tx.dialect == "postgres"
+                else tx.query("SELECT name FROM pragma_table_info('homing_jobs')")
+            )
+        }
+        assert "holder_id" in columns and not {c for c in columns if c.startswith("holder_h")}
+        assert sorted(q.leases_on_host(tx, "box")) == sorted(
+            [(held, tokens[held], 41, "box:41:w1"), (expiring, tokens[expiring], 42, "box:42:w2")]
+        )
+    holder = new.details(held).holder
+    assert holder is not None and (holder.host, holder.pid, holder.worker) == (
+        "box",
+        41,
+        "box:41:w1",
+    )
+    assert new.details(waiting).holder is None
+
+    clock.advance(10)  # the second lease expires: a grab takes it over and says from whom
+    taken = new.grab_many(["m9"], lock_for=60, limit=3)
+    assert sorted(j.handle for j in taken) == sorted([expiring, waiting])
+    (entry,) = new.details(expiring).failures
+    assert (entry.kind, entry.host, entry.pid, entry.worker) == (
+        "lease_expired",
+        "box",
+        42,
+        "box:42:w2",
+    )
+    new.complete(held, lease_token=tokens[held])  # the lease outlived the upgrade
+    assert new.details(held).state == "done"
     new.close()

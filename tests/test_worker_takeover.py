@@ -40,7 +40,11 @@ def wait_for(check: Any, timeout: float, what: str) -> float:
 
 def state(db: homing.Database, job_id: str) -> tuple[str, int | None]:
     with db.store.transaction(write=False) as tx:
-        row = tx.query_one("SELECT state, holder_pid FROM homing_jobs WHERE id = ?", (job_id,))
+        row = tx.query_one(
+            "SELECT j.state, h.pid FROM homing_jobs j "
+            "LEFT JOIN homing_holders h ON h.id = j.holder_id WHERE j.id = ?",
+            (job_id,),
+        )
     assert row is not None
     return str(row[0]), row[1]
 
@@ -129,11 +133,8 @@ def test_only_dead_processes_of_the_same_name_and_host_lose_their_leases(
     assert len(jobs) == 4
     with db.transaction() as t:
         for label, (pid, name, host) in holders.items():
-            t.tx.execute(
-                "UPDATE homing_jobs SET holder_pid = ?, holder_host = ?, holder_worker = ? "
-                "WHERE id = ?",
-                (pid, host, f"{host}:{pid}:{name}", ids[label]),
-            )
+            holder = q.register_holder(t.tx, host, pid, f"{host}:{pid}:{name}", now=db.clock.now())
+            t.tx.execute("UPDATE homing_jobs SET holder_id = ? WHERE id = ?", (holder, ids[label]))
     # never under the default name; under w1 only the dead process of this host
     assert takeover.take_back(_Named(db, "worker")) == 0  # type: ignore[arg-type]
     assert takeover.take_back(_Named(db, "w1")) == 1  # type: ignore[arg-type]

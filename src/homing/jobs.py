@@ -100,6 +100,7 @@ def default_worker_id() -> str:
 
 
 _NO_LEASE = "00000000-0000-0000-0000-000000000000"
+_MAX_HOLDERS_REMEMBERED = 1024  # holder ids a process keeps (JobOps.holder_id)
 
 
 class JobOps:
@@ -114,6 +115,27 @@ class JobOps:
         self.retention = retention
         self._host = socket.gethostname()
         self.controls = control_cache(store)  # per-type controls, read at most every 0.5 s
+        # (pid, worker id) -> (homing_holders.id, when registered by the store's clock)
+        self._holders: dict[tuple[int, str], tuple[int, float]] = {}
+
+    def holder_id(self, tx: Tx, worker: str, now: float) -> int:
+        """This process's holder id for ``worker``: registered in ``tx`` the first time,
+        renewed every ``HOLDER_RENEW_S`` so that gc never forgets a live one. Remembered
+        only once ``tx`` commits: a rolled-back registration names no row."""
+        key = (os.getpid(), worker)
+        known = self._holders.get(key)
+        if known is not None and known[1] <= now < known[1] + q.HOLDER_RENEW_S:
+            return known[0]
+        holder = q.register_holder(tx, self._host, key[0], worker, now=now)
+        holders = self._holders
+
+        def remember() -> None:
+            if len(holders) >= _MAX_HOLDERS_REMEMBERED:  # threads named afresh each time
+                holders.clear()
+            holders[key] = (holder, now)
+
+        tx.call_after_commit(remember)
+        return holder
 
     # handles -------------------------------------------------------------------------
     def handle_of(self, job_id: str) -> str:
@@ -240,9 +262,7 @@ class JobOps:
         lease = q.Lease(
             token=ids.uuid7(),
             until=now + seconds,
-            host=self._host,
-            pid=os.getpid(),
-            worker=worker_id or default_worker_id(),
+            holder=self.holder_id(tx, worker_id or default_worker_id(), now),
         )
         if control is None:
             rows = q.grab_jobs(

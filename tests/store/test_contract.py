@@ -437,8 +437,9 @@ def test_grabs_that_fill_their_limit_do_not_walk_finished_leases(
             clock.advance(10)
         db.insert_many([("contract_m", {"i": i}) for i in range(50)])
         with db.store.transaction() as tx:
+            holder = q.register_holder(tx, "h", 1, "w", now=db.clock.now())
             capture = _Capture(tx)
-            lease = q.Lease(uuid7(), db.clock.now() + 60, "h", 1, "w")
+            lease = q.Lease(uuid7(), db.clock.now() + 60, holder)
             q.grab_jobs(
                 capture, ["contract_m"], now=db.clock.now(), lease=lease, limit=50, where=None
             )  # type: ignore[arg-type]

@@ -23,9 +23,7 @@ class GrabRequest:
     now: float
     token: str
     until: float
-    host: str
-    pid: int
-    worker: str
+    holder: int  # homing_holders.id of the grabbing worker (jobs_queries.register_holder)
     limit: int
     where_sql: str = ""  # " AND <clause>" over the column ``args``, or ""
     where_params: Sequence[Any] = ()
@@ -34,7 +32,7 @@ class GrabRequest:
 
     @property
     def lease_params(self) -> list[Any]:
-        return [self.token, self.until, self.until, self.host, self.pid, self.worker]
+        return [self.token, self.until, self.until, self.holder]
 
 
 # The state of a job whose lease is still held, written as an InitPlan rather than the
@@ -48,7 +46,7 @@ STILL_RUNNING = "(SELECT 'running')"
 
 SET_LEASE = (
     "state = 'running', attempts = attempts + 1, lease_token = ?, lease_expires_at = ?, "
-    "available_at = ?, holder_host = ?, holder_pid = ?, holder_worker = ?, batch_id = NULL"
+    "available_at = ?, holder_id = ?, batch_id = NULL"
 )
 # The same for jobs picked as ready and not staged, whose batch_id is NULL already (setting
 # it anyway makes SQLite visit the staged-job indexes on every lease).
@@ -159,8 +157,7 @@ class SqlDialect:
     def grab(self, tx: Tx, g: GrabRequest, columns: str) -> list[tuple[Any, ...]]:
         """Lease due ready jobs and jobs whose lease expired, best priority first (then the
         longest waiting), recording each takeover of an expired lease in its history.
-        Each row: ``columns``, then the previous state, holder (host, pid, worker) and
-        lease expiry."""
+        Each row: ``columns``, then the previous state, holder id and lease expiry."""
         raise NotImplementedError
 
     def grab_staged(self, tx: Tx, g: GrabRequest, columns: str) -> list[tuple[Any, ...]]:

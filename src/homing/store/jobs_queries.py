@@ -35,7 +35,9 @@ JOB_COLUMNS = (
     "cancelled_at",
     "timeout_s",
 )
-_COLS = ", ".join(JOB_COLUMNS)
+# The holder lives in homing_holders (jobs schema 9); a job row names it by holder_id.
+_HOLDER_EXPR = {"holder_host": "h.host", "holder_pid": "h.pid", "holder_worker": "h.worker"}
+_COLS = ", ".join(_HOLDER_EXPR.get(c, f"j.{c}") for c in JOB_COLUMNS)
 # What a grab returns: what a Job is made of, and seq for its order. The other columns
 # (holder, finish, error) would travel back for every job leased, unread.
 GRAB_COLUMNS = (
@@ -51,7 +53,6 @@ GRAB_COLUMNS = (
     "timeout_s",
 )
 _GRAB_COLS = ", ".join(GRAB_COLUMNS)
-_J_COLS = ", ".join(f"j.{c}" for c in JOB_COLUMNS)
 
 
 class NewJob(NamedTuple):
@@ -129,9 +130,24 @@ def insert_jobs(tx: Tx, jobs: Sequence[NewJob]) -> list[str]:
 class Lease:
     token: str
     until: float
-    host: str
-    pid: int
-    worker: str
+    holder: int  # homing_holders.id (register_holder)
+
+
+# A registration not renewed for this long, and named by no job, is forgotten by gc. Live
+# grabbers renew theirs every HOLDER_RENEW_S (JobOps.holder_id), far more often.
+HOLDER_FORGOTTEN_AFTER_S = 86400.0
+HOLDER_RENEW_S = 600.0
+
+
+def register_holder(tx: Tx, host: str, pid: int, worker: str, *, now: float) -> int:
+    """The id of the holder (host, pid, worker id), registered or renewed now."""
+    row = tx.query_one(
+        "INSERT INTO homing_holders (host, pid, worker, seen_at) VALUES (?, ?, ?, ?) "
+        "ON CONFLICT (host, pid, worker) DO UPDATE SET seen_at = excluded.seen_at RETURNING id",
+        (host, pid, worker, now),
+    )
+    assert row is not None
+    return int(row[0])
 
 
 class ExpiryMarks:
@@ -232,9 +248,7 @@ def grab_jobs(
         now=now,
         token=lease.token,
         until=lease.until,
-        host=lease.host,
-        pid=lease.pid,
-        worker=lease.worker,
+        holder=lease.holder,
         limit=limit,
         where_sql=where_sql,
         where_params=where_params,
@@ -350,8 +364,8 @@ def leases_on_host(tx: Tx, host: str) -> list[tuple[str, str, int | None, str | 
     """(id, lease token, holder pid, holder worker) of the jobs that processes of ``host``
     hold (read through the index of running jobs: they are few)."""
     rows = tx.query(
-        "SELECT id, lease_token, holder_pid, holder_worker FROM homing_jobs "
-        "WHERE state = 'running' AND holder_host = ?",
+        "SELECT j.id, j.lease_token, h.pid, h.worker FROM homing_jobs j "
+        "JOIN homing_holders h ON h.id = j.holder_id WHERE j.state = 'running' AND h.host = ?",
         (host,),
     )
     return [(str(r[0]), str(r[1]), r[2], r[3]) for r in rows]
@@ -429,7 +443,11 @@ def redrive(tx: Tx, job_id: str, *, now: float) -> bool:
 
 # -- reading -----------------------------------------------------------------------------
 def job_row(tx: Tx, job_id: str) -> dict[str, Any] | None:
-    values = tx.query_one(f"SELECT {_COLS} FROM homing_jobs WHERE id = ?", (job_id,))
+    values = tx.query_one(
+        f"SELECT {_COLS} FROM homing_jobs j LEFT JOIN homing_holders h ON h.id = j.holder_id "
+        "WHERE j.id = ?",
+        (job_id,),
+    )
     return _row(tx, values) if values is not None else None
 
 
@@ -459,12 +477,39 @@ def gc(tx: Tx, *, finished_before: float) -> int:
     )
     # listeners that died without unregistering (live ones refresh theirs)
     tx.sql.forget_dead_listeners(tx, older_than=IDLE_FORGOTTEN_AFTER_S)
+    forget_holders(tx, before=tx.store.clock.now() - HOLDER_FORGOTTEN_AFTER_S)
     tx.execute(
         "DELETE FROM homing_job_batches WHERE state <> 'open' AND created_at < ? AND NOT EXISTS "
         "(SELECT 1 FROM homing_jobs j WHERE j.batch_id = homing_job_batches.batch_id)",
         (finished_before,),
     )
     return deleted
+
+
+def forget_holders(tx: Tx, *, before: float) -> int:
+    """Delete the holders not renewed since ``before`` that hold no running job; how many.
+
+    Only a running job's holder is ever read, so a finished or rescheduled job may keep
+    the id of a holder forgotten here (read through the index of running jobs: no scan)."""
+    stale = [
+        int(r[0]) for r in tx.query("SELECT id FROM homing_holders WHERE seen_at < ?", (before,))
+    ]
+    forgotten = 0
+    for start in range(0, len(stale), 500):
+        chunk = stale[start : start + 500]
+        clause, params = tx.sql.in_list("holder_id", chunk)
+        held = {
+            r[0]
+            for r in tx.query(
+                f"SELECT DISTINCT holder_id FROM homing_jobs WHERE state = 'running' AND {clause}",
+                params,
+            )
+        }
+        gone = [i for i in chunk if i not in held]
+        if gone:
+            clause, params = tx.sql.in_list("id", gone)
+            forgotten += tx.rowcount(f"DELETE FROM homing_holders WHERE {clause}", params)
+    return forgotten
 
 
 def stats(tx: Tx, *, now: float, window: float) -> list[dict[str, Any]]:

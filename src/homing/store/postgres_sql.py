@@ -24,10 +24,7 @@ _INSERT_COLS = (
 )
 # ctid: the leased rows are updated by their physical address (a TID scan) rather than
 # looked up again through the primary key (see PostgresSql._lease).
-_OLD = (
-    "ctid, seq, state AS old_state, holder_host AS old_host, holder_pid AS old_pid, "
-    "holder_worker AS old_worker, lease_expires_at AS old_exp"
-)
+_OLD = "ctid, seq, state AS old_state, holder_id AS old_holder, lease_expires_at AS old_exp"
 
 
 # Pops up to {count} idle workers (the most recently idle first: a worker that died idle
@@ -91,7 +88,7 @@ _EXPIRED_SUMMARY = (
 
 def _returning(columns: str) -> str:
     cols = ", ".join(f"j.{c.strip()}" for c in columns.split(","))
-    return f"RETURNING {cols}, c.old_state, c.old_host, c.old_pid, c.old_worker, c.old_exp"
+    return f"RETURNING {cols}, c.old_state, c.old_holder, c.old_exp"
 
 
 class PostgresSql(SqlDialect):
@@ -322,9 +319,10 @@ class PostgresSql(SqlDialect):
             f"{_returning(columns)}), "
             "hist AS (INSERT INTO homing_job_failures "
             "(job_id, attempt, at, kind, host, pid, worker, message) "
-            "SELECT id, attempts - 1, ?, 'lease_expired', old_host, old_pid, old_worker, "
-            "'lease expired at ' || round(old_exp::numeric, 3)::text "
-            "|| ' without completion; handed out again' FROM upd WHERE old_state = 'running')"
+            "SELECT u.id, u.attempts - 1, ?, 'lease_expired', h.host, h.pid, h.worker, "
+            "'lease expired at ' || round(u.old_exp::numeric, 3)::text "
+            "|| ' without completion; handed out again' FROM upd u "
+            "LEFT JOIN homing_holders h ON h.id = u.old_holder WHERE u.old_state = 'running')"
             f"{idle} SELECT *{tail} FROM upd",
             [*params, *g.lease_params, g.now, *idle_params],
         )

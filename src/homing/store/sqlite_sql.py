@@ -28,7 +28,7 @@ _INSERT_ROW = "(?, ?, ?, ?, 'ready', ?, ?, ?, ?, ?)"
 # once per row (bench/results/api-cpu-968add9.txt: the batch path's CPU per job, with
 # the other changes of that commit).
 _ROWS_PER_INSERT = 100
-_HOLDER = "seq, state, holder_host, holder_pid, holder_worker, lease_expires_at"
+_HOLDER = "seq, state, holder_id, lease_expires_at"
 
 
 # The committed batches that still hold ready jobs, found by skipping through the index of
@@ -178,7 +178,7 @@ class SqliteSql(SqlDialect):
         self, tx: Tx, g: GrabRequest, columns: str, found: Sequence[tuple[Any, ...]]
     ) -> list[tuple[Any, ...]]:
         """Lease the picked rows (``_HOLDER`` columns first); record lease takeovers."""
-        old = {r[0]: r[1:6] for r in found}
+        old = {r[0]: r[1:4] for r in found}
         names = [c.strip() for c in columns.split(",")]
         i_id, i_attempts, i_seq = names.index("id"), names.index("attempts"), names.index("seq")
         seqs = list(old)
@@ -193,26 +193,24 @@ class SqliteSql(SqlDialect):
                     [*g.lease_params, *chunk],
                 )
             ]
-        # each row ends with the previous (state, host, pid, worker, lease expiry)
-        takeovers = [
-            (
-                r[i_id],
-                r[i_attempts] - 1,
-                g.now,
-                "lease_expired",
-                r[-4],
-                r[-3],
-                r[-2],
-                f"lease expired at {r[-1]:.3f} without completion; handed out again",
+        # each row ends with the previous (state, holder id, lease expiry)
+        taken = [r for r in rows if r[-3] == "running"]
+        if taken:
+            tx.executemany(
+                "INSERT INTO homing_job_failures (job_id, attempt, at, kind, host, pid, worker, "
+                "message) SELECT ?, ?, ?, 'lease_expired', h.host, h.pid, h.worker, ? "
+                "FROM (SELECT ? AS id) x LEFT JOIN homing_holders h ON h.id = x.id",
+                [
+                    (
+                        r[i_id],
+                        r[i_attempts] - 1,
+                        g.now,
+                        f"lease expired at {r[-1]:.3f} without completion; handed out again",
+                        r[-2],
+                    )
+                    for r in taken
+                ],
             )
-            for r in rows
-            if r[-5] == "running"
-        ]
-        tx.executemany(
-            "INSERT INTO homing_job_failures (job_id, attempt, at, kind, host, pid, worker, "
-            "message) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            takeovers,
-        )
         return rows
 
     def grab(self, tx: Tx, g: GrabRequest, columns: str) -> list[tuple[Any, ...]]:
@@ -235,12 +233,12 @@ class SqliteSql(SqlDialect):
                 f"RETURNING {columns}",
                 [*g.lease_params, g.types[0], g.now, *g.where_params, g.limit],
             )
-            return [(*r, "ready", None, None, None, None) for r in rows]
+            return [(*r, "ready", None, None) for r in rows]
         # one ordered index scan per type, merged here (an IN list would sort them all)
         found = list(expired)
         for name in g.types:
             found += tx.query(pick, [name, g.now, *g.where_params, g.limit])
-        found.sort(key=lambda r: (-r[6], r[7], r[0]))
+        found.sort(key=lambda r: (-r[4], r[5], r[0]))
         return self._lease(tx, g, columns, found[: g.limit])
 
     def grab_staged(self, tx: Tx, g: GrabRequest, columns: str) -> list[tuple[Any, ...]]:
