@@ -80,7 +80,8 @@ def lease_of(tx, token, until, host, pid, worker):
     # the holder registry (jobs schema 9), or in older trees the holder in the lease itself
     if "holder" not in q.Lease.__dataclass_fields__:
         return q.Lease(token, until, host, pid, worker)
-    return q.Lease(token, until, q.register_holder(tx, host, pid, worker, now=time.time()))
+    from homing.store import holders_queries as hq
+    return q.Lease(token, until, hq.register_holder(tx, host, pid, worker, now=time.time()))
 
 class Capture:
     def __init__(self, tx):

@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 import homing  # noqa: E402
 from bench.common import proc_stat  # noqa: E402
+from homing.store import holders_queries as hq  # noqa: E402
 from homing.store import jobs_queries as q  # noqa: E402
 
 PG = "postgresql://postgres@127.0.0.1:5432/test"
@@ -94,7 +95,7 @@ def homing_point(k: int, schema: str) -> dict[str, Any]:
         db.complete_many(db.grab_many("t", lock_for=60, limit=n))
     # the statements of one empty grab, captured from the job API
     with db.store.transaction() as tx:
-        holder = q.register_holder(tx, "h", 1, "w", now=time.time())
+        holder = hq.register_holder(tx, "h", 1, "w", now=time.time())
         cap = _Capture(tx)
         lease = q.Lease(homing.uuid7(), time.time() + 60, holder)
         q.grab_jobs(cap, ["t"], now=time.time(), lease=lease, limit=1, where=None)  # type: ignore[arg-type]
@@ -199,7 +200,7 @@ def wal_per_job(jobs: int = 300) -> dict[str, float]:
         with psycopg.connect(PG, autocommit=True, options=f"-c search_path={tag}_h") as conn:
             with db.store.transaction() as tx:
                 w = _WalTx(tx, conn)
-                holder = q.register_holder(tx, "host", 1, "worker", now=time.time())
+                holder = hq.register_holder(tx, "host", 1, "worker", now=time.time())
             for _ in range(jobs):
                 (new,) = db._ops.new_jobs([("t", {"i": 1, "p": "x" * 80})])
                 q.insert_jobs(w, [new])  # type: ignore[arg-type]

@@ -52,8 +52,10 @@ def lease_of(token, until, host, worker_pid, worker):
     # the holder registry (jobs schema 9), or in older trees the holder in the lease itself
     if "holder" not in q.Lease.__dataclass_fields__:
         return q.Lease(token, until, host, worker_pid, worker)
+    from homing.store import holders_queries as hq
+
     with db.store.transaction() as tx:
-        return q.Lease(token, until, q.register_holder(tx, host, worker_pid, worker, now=time.time()))
+        return q.Lease(token, until, hq.register_holder(tx, host, worker_pid, worker, now=time.time()))
 
 
 def cpu():

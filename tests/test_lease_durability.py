@@ -133,6 +133,7 @@ def _prepared_grab(
     parameters."""
     import time as _time
 
+    from homing.store import holders_queries as hq
     from homing.store import jobs_queries as q
 
     class Capture:
@@ -148,7 +149,7 @@ def _prepared_grab(
         execute = query
 
     with db.store.transaction() as tx:
-        holder = q.register_holder(tx, "h", 1, "w", now=_time.time())
+        holder = hq.register_holder(tx, "h", 1, "w", now=_time.time())
         cap = Capture(tx)
         lease = q.Lease(uuid7(), _time.time() + 60, holder)
         q.grab_jobs(cap, [job_type], now=now, lease=lease, limit=limit, where=None)  # type: ignore[arg-type]

@@ -11,6 +11,7 @@ import pytest
 
 import homing
 from homing.ids import job_uuid
+from homing.store import holders_queries as hq
 from homing.store import jobs_queries as q
 from homing.store import spark_queries as sq
 from homing.store.migrations import COMPONENTS, applied_versions, component_migrations
@@ -215,7 +216,7 @@ def test_leases_held_before_the_holder_registry_keep_their_holders(
             )
         }
         assert "holder_id" in columns and not {c for c in columns if c.startswith("holder_h")}
-        assert sorted(q.leases_on_host(tx, "box")) == sorted(
+        assert sorted(hq.leases_on_host(tx, "box")) == sorted(
             [(held, tokens[held], 41, "box:41:w1"), (expiring, tokens[expiring], 42, "box:42:w2")]
         )
     holder = new.details(held).holder

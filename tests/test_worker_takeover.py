@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import homing
-from homing.store import jobs_queries as q
+from homing.store import holders_queries as hq
 from homing.worker import takeover
 
 APPS = str(Path(__file__).with_name("test_worker_apps.py"))
@@ -133,7 +133,7 @@ def test_only_dead_processes_of_the_same_name_and_host_lose_their_leases(
     assert len(jobs) == 4
     with db.transaction() as t:
         for label, (pid, name, host) in holders.items():
-            holder = q.register_holder(t.tx, host, pid, f"{host}:{pid}:{name}", now=db.clock.now())
+            holder = hq.register_holder(t.tx, host, pid, f"{host}:{pid}:{name}", now=db.clock.now())
             t.tx.execute("UPDATE homing_jobs SET holder_id = ? WHERE id = ?", (holder, ids[label]))
     # never under the default name; under w1 only the dead process of this host
     assert takeover.take_back(_Named(db, "worker")) == 0  # type: ignore[arg-type]
@@ -143,6 +143,6 @@ def test_only_dead_processes_of_the_same_name_and_host_lose_their_leases(
             label: tx.query_one("SELECT lease_expires_at FROM homing_jobs WHERE id = ?", (i,))
             for label, i in ids.items()
         }
-        assert q.leases_on_host(tx, "nobody") == []
+        assert hq.leases_on_host(tx, "nobody") == []
     expired = {label for label, row in expiry.items() if row and row[0] <= db.clock.now()}
     assert expired == {"dead-same"}

@@ -45,6 +45,7 @@ from homing.job_model import (
     JobSpec,
     JobState,
 )
+from homing.store import holders_queries as hq
 from homing.store import job_controls_queries as cq
 from homing.store import jobs_queries as q
 from homing.store.protocol import Store, Tx
@@ -124,9 +125,9 @@ class JobOps:
         only once ``tx`` commits: a rolled-back registration names no row."""
         key = (os.getpid(), worker)
         known = self._holders.get(key)
-        if known is not None and known[1] <= now < known[1] + q.HOLDER_RENEW_S:
+        if known is not None and known[1] <= now < known[1] + hq.HOLDER_RENEW_S:
             return known[0]
-        holder = q.register_holder(tx, self._host, key[0], worker, now=now)
+        holder = hq.register_holder(tx, self._host, key[0], worker, now=now)
         holders = self._holders
 
         def remember() -> None:

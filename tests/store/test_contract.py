@@ -420,6 +420,7 @@ def test_grabs_that_fill_their_limit_do_not_walk_finished_leases(
     complete 100) every grab walked them all from the start. Measured on the statement the
     next grab sends (EXPLAIN, rolled back): the grabs run on the lease sessions, whose
     statistics reach pg_statio only a second or more later."""
+    from homing.store import holders_queries as hq
     from homing.store import jobs_queries as q
 
     # no periodic full search (every 10 s of real time) may fall on the grab measured
@@ -437,7 +438,7 @@ def test_grabs_that_fill_their_limit_do_not_walk_finished_leases(
             clock.advance(10)
         db.insert_many([("contract_m", {"i": i}) for i in range(50)])
         with db.store.transaction() as tx:
-            holder = q.register_holder(tx, "h", 1, "w", now=db.clock.now())
+            holder = hq.register_holder(tx, "h", 1, "w", now=db.clock.now())
             capture = _Capture(tx)
             lease = q.Lease(uuid7(), db.clock.now() + 60, holder)
             q.grab_jobs(

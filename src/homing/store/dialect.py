@@ -23,7 +23,7 @@ class GrabRequest:
     now: float
     token: str
     until: float
-    holder: int  # homing_holders.id of the grabbing worker (jobs_queries.register_holder)
+    holder: int  # homing_holders.id of the grabbing worker (holders_queries.register_holder)
     limit: int
     where_sql: str = ""  # " AND <clause>" over the column ``args``, or ""
     where_params: Sequence[Any] = ()

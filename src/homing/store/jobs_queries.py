@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
+from homing.store import holders_queries as hq
 from homing.store.dialect import STILL_RUNNING, GrabRequest
 from homing.store.job_deps_queries import WAIT_AT
 from homing.store.job_filters import compile_where
@@ -130,24 +131,7 @@ def insert_jobs(tx: Tx, jobs: Sequence[NewJob]) -> list[str]:
 class Lease:
     token: str
     until: float
-    holder: int  # homing_holders.id (register_holder)
-
-
-# A registration not renewed for this long, and named by no job, is forgotten by gc. Live
-# grabbers renew theirs every HOLDER_RENEW_S (JobOps.holder_id), far more often.
-HOLDER_FORGOTTEN_AFTER_S = 86400.0
-HOLDER_RENEW_S = 600.0
-
-
-def register_holder(tx: Tx, host: str, pid: int, worker: str, *, now: float) -> int:
-    """The id of the holder (host, pid, worker id), registered or renewed now."""
-    row = tx.query_one(
-        "INSERT INTO homing_holders (host, pid, worker, seen_at) VALUES (?, ?, ?, ?) "
-        "ON CONFLICT (host, pid, worker) DO UPDATE SET seen_at = excluded.seen_at RETURNING id",
-        (host, pid, worker, now),
-    )
-    assert row is not None
-    return int(row[0])
+    holder: int  # homing_holders.id (holders_queries.register_holder)
 
 
 class ExpiryMarks:
@@ -360,17 +344,6 @@ def finish_leased(tx: Tx, pairs: Sequence[tuple[str, str]], *, now: float) -> se
     return tx.sql.finish_leased(tx, pairs, now=now) if pairs else set()
 
 
-def leases_on_host(tx: Tx, host: str) -> list[tuple[str, str, int | None, str | None]]:
-    """(id, lease token, holder pid, holder worker) of the jobs that processes of ``host``
-    hold (read through the index of running jobs: they are few)."""
-    rows = tx.query(
-        "SELECT j.id, j.lease_token, h.pid, h.worker FROM homing_jobs j "
-        "JOIN homing_holders h ON h.id = j.holder_id WHERE j.state = 'running' AND h.host = ?",
-        (host,),
-    )
-    return [(str(r[0]), str(r[1]), r[2], r[3]) for r in rows]
-
-
 def expire_leases(tx: Tx, leases: Sequence[tuple[str, str]], *, now: float) -> int:
     """End these leases now, if their tokens still hold them: the jobs are taken over
     through the expired-lease path (with its history entry), as after a lease ran out."""
@@ -477,39 +450,13 @@ def gc(tx: Tx, *, finished_before: float) -> int:
     )
     # listeners that died without unregistering (live ones refresh theirs)
     tx.sql.forget_dead_listeners(tx, older_than=IDLE_FORGOTTEN_AFTER_S)
-    forget_holders(tx, before=tx.store.clock.now() - HOLDER_FORGOTTEN_AFTER_S)
+    hq.forget_holders(tx, before=tx.store.clock.now() - hq.HOLDER_FORGOTTEN_AFTER_S)
     tx.execute(
         "DELETE FROM homing_job_batches WHERE state <> 'open' AND created_at < ? AND NOT EXISTS "
         "(SELECT 1 FROM homing_jobs j WHERE j.batch_id = homing_job_batches.batch_id)",
         (finished_before,),
     )
     return deleted
-
-
-def forget_holders(tx: Tx, *, before: float) -> int:
-    """Delete the holders not renewed since ``before`` that hold no running job; how many.
-
-    Only a running job's holder is ever read, so a finished or rescheduled job may keep
-    the id of a holder forgotten here (read through the index of running jobs: no scan)."""
-    stale = [
-        int(r[0]) for r in tx.query("SELECT id FROM homing_holders WHERE seen_at < ?", (before,))
-    ]
-    forgotten = 0
-    for start in range(0, len(stale), 500):
-        chunk = stale[start : start + 500]
-        clause, params = tx.sql.in_list("holder_id", chunk)
-        held = {
-            r[0]
-            for r in tx.query(
-                f"SELECT DISTINCT holder_id FROM homing_jobs WHERE state = 'running' AND {clause}",
-                params,
-            )
-        }
-        gone = [i for i in chunk if i not in held]
-        if gone:
-            clause, params = tx.sql.in_list("id", gone)
-            forgotten += tx.rowcount(f"DELETE FROM homing_holders WHERE {clause}", params)
-    return forgotten
 
 
 def stats(tx: Tx, *, now: float, window: float) -> list[dict[str, Any]]:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from homing._process import alive
 from homing.database import ShardedDatabase
+from homing.store import holders_queries as hq
 from homing.store import jobs_queries as q
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ def take_back(w: Worker) -> int:
             with db.store.transaction() as tx:
                 dead = [
                     (job_id, token)
-                    for job_id, token, pid, worker in q.leases_on_host(tx, host)
+                    for job_id, token, pid, worker in hq.leases_on_host(tx, host)
                     if predecessor_of(worker, pid, w.name)
                 ]
                 if dead:
