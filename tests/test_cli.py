@@ -80,3 +80,18 @@ def test_demo_runs() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "5 notifications, each once" in proc.stdout
+
+
+def test_workers_lists_who_grabs_and_what_it_holds(store_url: str) -> None:
+    homing_cmd("migrate", db=store_url)
+    for n in range(2):
+        homing_cmd("insert", "email", f'{{"n": {n}}}', db=store_url)
+    grabbed = homing_cmd("grab", "email", "--lock-for", "600", "--json", db=store_url)
+    pid_gone = json.loads(grabbed.stdout)  # the grabbing process has exited since
+    listed = json.loads(homing_cmd("workers", "--json", db=store_url).stdout)
+    assert len(listed) == 1 and listed[0]["running"] == 1, listed
+    assert listed[0]["worker"].endswith(":MainThread") and pid_gone["handle"]
+    table = homing_cmd("workers", db=store_url).stdout
+    assert "gone" in table and listed[0]["worker"] in table  # its pid no longer runs
+    bad = homing_cmd("workers", "--within", "0", db=store_url, check=False)
+    assert bad.returncode == 2 and "--within" in bad.stderr

@@ -5,6 +5,7 @@ offers (its transactions, a global priority order) use the `db` fixture."""
 from __future__ import annotations
 
 import math
+import os
 import time
 from datetime import UTC, datetime
 
@@ -415,6 +416,23 @@ def test_holders_are_registered_once_renewed_while_grabbing_and_forgotten_when_i
     assert db.details(idle).holder is not None
     db.complete_many(db.grab_many(["reg"], lock_for=60, limit=2, worker_id="busy"))
     assert set(registry()) == {"busy", "holds-one"}  # registered afresh, not a forgotten id
+
+
+def test_workers_lists_recent_grabbers_and_the_jobs_they_hold(
+    jobs: JobAPI, clock: ManualClock
+) -> None:
+    for n in range(4):
+        jobs.insert("wl", n)
+    held = jobs.grab_many(["wl"], lock_for=10**5, limit=2, worker_id="holds-two")
+    done = jobs.grab_many(["wl"], lock_for=60, limit=2, worker_id="finished")
+    jobs.complete_many(done)
+    assert len(held) == 2
+    listed = {w["worker"]: w for w in jobs.workers()}
+    assert {k: v["running"] for k, v in listed.items()} == {"holds-two": 2, "finished": 0}
+    assert all(w["pid"] == os.getpid() and w["seen_at"] == clock.now() for w in listed.values())
+    clock.advance(3600)  # an hour without grabs: only a worker that holds jobs is listed
+    assert [(w["worker"], w["running"]) for w in jobs.workers()] == [("holds-two", 2)]
+    assert {w["worker"] for w in jobs.workers(within=7200)} == {"holds-two", "finished"}
 
 
 def test_gc_keeps_unfinished_and_recent(jobs: JobAPI, clock: ManualClock) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -327,6 +328,57 @@ def stats(ctx: click.Context, window: float, as_json: bool) -> None:
     """Per job type: counts by state, oldest ready job's age, throughput."""
     with open_db(ctx) as db:
         emit(db.stats(window=window), as_json, _print_stats)
+
+
+def _print_workers(rows: list[dict[str, Any]]) -> None:
+    from homing._process import alive
+    from homing._tables import print_table
+
+    if not rows:
+        click.echo("no worker grabbed recently or holds a job")
+        return
+    here, now = socket.gethostname(), time.time()
+
+    def state(r: dict[str, Any]) -> str:
+        if r["host"] != here:
+            return "?"
+        return "alive" if alive(int(r["pid"])) else "gone"
+
+    print_table(
+        ("worker", "host", "pid", "process", "seen", "running"),
+        (
+            (
+                r["worker"],
+                r["host"],
+                r["pid"],
+                state(r),
+                f"{max(0.0, now - r['seen_at']):.0f}s ago",
+                r["running"],
+            )
+            for r in rows
+        ),
+        text_columns=2,
+    )
+    click.echo("seen: its last registration (renewed while it grabs, every 10 min at most)")
+    click.echo("process: on this host, whether its pid still runs (? on another host)")
+
+
+@cli.command()
+@click.option(
+    "--within",
+    type=float,
+    default=900.0,
+    show_default=True,
+    help="Seconds back to look for grabs (workers holding jobs are always listed).",
+)
+@json_option
+@click.pass_context
+def workers(ctx: click.Context, within: float, as_json: bool) -> None:
+    """The workers that grabbed jobs lately or hold some now, with how many they hold."""
+    if within <= 0:
+        raise click.BadParameter("must be positive", param_hint="--within")
+    with open_db(ctx) as db:
+        emit(db.workers(within=within), as_json, _print_workers)
 
 
 @cli.command()

@@ -23,6 +23,7 @@ from homing.jobs import (
     check_seconds,
     check_types,
 )
+from homing.store import holders_queries as hq
 from homing.store import jobs_queries as q
 from homing.store import open_store
 from homing.store.protocol import Store, Tx, Wakeup
@@ -337,6 +338,13 @@ class Database(TypeAdmin, _JobAPI):
         for row in rows:
             row["paused"] = row["type"] in paused
         return rows
+
+    def workers(self, *, within: float = hq.WORKERS_WITHIN_S) -> list[dict[str, Any]]:
+        """The workers (host, pid, worker id) that grabbed in the last ``within`` seconds
+        or hold running jobs now: when each last renewed its registration (it does while it
+        grabs, every 10 minutes at most) and how many jobs it holds. Most recent first."""
+        with self.store.transaction(write=False) as tx:
+            return hq.live_holders(tx, seen_after=self.store.clock.now() - within)
 
     def wait_for_jobs(self, timeout: float) -> bool:
         """Block until new jobs are announced (PostgreSQL NOTIFY) or ``timeout`` passes."""

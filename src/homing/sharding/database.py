@@ -40,6 +40,7 @@ from homing.sharding.placement import Placement
 from homing.sharding.routing import ShardRouting, Spec
 from homing.sharding.stats import merge_stats
 from homing.sharding.transaction import ShardTransaction
+from homing.store import holders_queries as hq
 from homing.store import shard_queries
 from homing.store.protocol import Wakeup
 from homing.store.wakeup import AnyWakeup, IdleWakeup
@@ -336,6 +337,18 @@ class ShardedDatabase(ShardRouting, ShardedJobFeatures):
             except StoreUnavailable as exc:
                 log.warning("shard %d skipped: %s", i, exc)
         return out
+
+    def workers(self, *, within: float = hq.WORKERS_WITHIN_S) -> list[dict[str, Any]]:
+        """The workers of every live shard (each registers with each shard it grabs from):
+        the jobs they hold added up, the latest registration kept."""
+        merged: dict[tuple[str, int, str], dict[str, Any]] = {}
+        for rows in self._each_live(Database.workers, within=within):
+            for row in rows:
+                key = (row["host"], row["pid"], row["worker"])
+                m = merged.setdefault(key, {**row, "running": 0})
+                m["running"] += row["running"]
+                m["seen_at"] = max(m["seen_at"], row["seen_at"])
+        return sorted(merged.values(), key=lambda r: -r["seen_at"])
 
     def gc(self, *, older_than: float | None = None) -> int:
         """Garbage-collect the live shards (a down shard is collected when it is back)."""

@@ -16,6 +16,8 @@ from homing.store.protocol import Tx
 # grabbers renew theirs every HOLDER_RENEW_S (JobOps.holder_id), far more often.
 HOLDER_FORGOTTEN_AFTER_S = 86400.0
 HOLDER_RENEW_S = 600.0
+# A live grabber's registration is at most HOLDER_RENEW_S old: "live" looks back further.
+WORKERS_WITHIN_S = 1.5 * HOLDER_RENEW_S
 
 
 def register_holder(tx: Tx, host: str, pid: int, worker: str, *, now: float) -> int:
