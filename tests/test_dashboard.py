@@ -67,6 +67,22 @@ def test_pages_show_types_filters_and_the_job(served: tuple[homing.JobAPI, httpx
     assert "smtp said no" in text and '"user": 7' in text and 'id="redrive"' in text
 
 
+def test_the_overview_lists_the_workers_and_the_jobs_they_hold(
+    served: tuple[homing.JobAPI, httpx.Client],
+) -> None:
+    db, client = served
+    assert "no worker grabbed" in client.get("/").text
+    db.insert("email", {"user": 1})
+    job = db.grab(["email"], lock_for=60, worker_id="mail-worker-<3>")
+    assert job is not None
+    table = client.get("/").text.split('<table id="workers">')[1].split("</table>")[0]
+    row = next(r for r in table.split("<tr>") if "mail-worker-&lt;3&gt;" in r)  # escaped
+    assert '<td class="num">1</td>' in row  # it holds one job
+    db.complete(job)
+    table = client.get("/").text.split('<table id="workers">')[1].split("</table>")[0]
+    assert "mail-worker-&lt;3&gt;" in table and '<td class="num">0</td>' in table
+
+
 @pytest.mark.parametrize(
     "where",
     ['{"user": {"$where": "1=1"}}', "{'user': 1}", '{"a; DROP TABLE homing_jobs": 1}', "[1]"],
