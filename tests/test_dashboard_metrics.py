@@ -87,6 +87,13 @@ def test_worker_serves_metrics_while_it_runs(store_url: str, tmp_path: Path) -> 
             assert _value(text, 'homing_worker_job_wait_seconds_count{type="noop"}') == 3.0
             assert 'homing_jobs_oldest_ready_age_seconds{type="noop"}' in text
             assert "homing_engine_queue_messages" in text
+            assert (_value(text, "homing_workers_live") or 0.0) >= 1.0
+            held_by = [  # the worker holding the "hold" job, from the holder registry
+                line
+                for line in text.splitlines()
+                if line.startswith("homing_workers_jobs_held{") and f":{worker.pid}:" in line
+            ]
+            assert len(held_by) == 1 and held_by[0].endswith(" 1.0"), held_by
             gate.touch()
             _scrape_until(url, {'homing_worker_jobs_total{outcome="done",type="hold"}': 1.0})
             assert db.details(held).state == "done"

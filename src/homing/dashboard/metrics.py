@@ -59,9 +59,25 @@ class StoreCollector(Collector):
         yield jobs
         yield age
         yield recent
+        yield from _workers(self.src.db.workers())
         yield from _engine(views.engine_state(self.src))
         yield from _http(ops.http_state(self.src))
         yield from _messenger(ops.messenger_state(self.src))
+
+
+def _workers(rows: list[dict[str, Any]]) -> Iterator[GaugeMetricFamily]:
+    """From the holder registry (docs/jobs.md, "Leases and fencing"): one series per
+    worker id, as many as grabbed in the last 15 minutes or hold jobs (at most 1,000)."""
+    live = GaugeMetricFamily(
+        "homing_workers_live", "Workers that grabbed in the last 15 minutes or hold jobs"
+    )
+    live.add_metric([], len(rows))
+    held = GaugeMetricFamily(
+        "homing_workers_jobs_held", "Running jobs a worker holds", labels=["host", "worker"]
+    )
+    for w in rows:
+        held.add_metric([w["host"], w["worker"]], w["running"])
+    yield from (live, held)
 
 
 def _engine(state: dict[str, Any]) -> Iterator[GaugeMetricFamily]:
