@@ -367,18 +367,19 @@ def _print_workers(rows: list[dict[str, Any]]) -> None:
 @click.option(
     "--within",
     type=float,
-    default=900.0,
-    show_default=True,
-    help="Seconds back to look for grabs (workers holding jobs are always listed).",
+    default=None,
+    help="Seconds back to look for grabs (workers holding jobs are always listed); "
+    "default 900, past the registrations' 10-minute renewal.",
 )
 @json_option
 @click.pass_context
-def workers(ctx: click.Context, within: float, as_json: bool) -> None:
+def workers(ctx: click.Context, within: float | None, as_json: bool) -> None:
     """The workers that grabbed jobs lately or hold some now, with how many they hold."""
-    if within <= 0:
+    if within is not None and within <= 0:
         raise click.BadParameter("must be positive", param_hint="--within")
     with open_db(ctx) as db:
-        emit(db.workers(within=within), as_json, _print_workers)
+        rows = db.workers() if within is None else db.workers(within=within)
+        emit(rows, as_json, _print_workers)
 
 
 @cli.command()

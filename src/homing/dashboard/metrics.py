@@ -59,7 +59,7 @@ class StoreCollector(Collector):
         yield jobs
         yield age
         yield recent
-        yield from _workers(self.src.db.workers())
+        yield from _workers(data["workers"])
         yield from _engine(views.engine_state(self.src))
         yield from _http(ops.http_state(self.src))
         yield from _messenger(ops.messenger_state(self.src))

@@ -97,9 +97,12 @@ def overview(src: Source) -> dict[str, Any]:
     return {
         "now": now,
         "types": rows,
-        "workers": [  # who grabbed in the last 15 minutes or holds jobs (holder registry)
-            {**w, "seen_age_s": max(0.0, now - w["seen_at"])} for w in src.db.workers()[:PAGE]
+        "workers": [  # who grabbed in the last 15 minutes or holds jobs (holder registry);
+            # all of them (at most 1,000): /metrics exports each, the page shows PAGE
+            {**w, "seen_age_s": max(0.0, now - w["seen_at"])}
+            for w in src.db.workers()
         ],
+        "workers_shown": PAGE,
         "other_states": states,
         "expired": sum(r["expired"] for r in rows),
         "chart": _chart(slots),
