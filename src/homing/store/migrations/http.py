@@ -114,7 +114,7 @@ _V3 = (
 #: on PostgreSQL new rows fill a page to 60%, leaving room for their tombstones. Measured
 #: (``bench/inbox_store.py``): the store's CPU and WAL per received message, below.
 #: Rebuilding the work index reads the whole inbox once, under a lock that holds up the
-#: receivers (retained tombstones included).
+#: receivers: 0.1 s for 1,000,000 retained tombstones on either store (ad hoc, warm cache).
 _WORK_ANY_STATE = (
     "DROP INDEX homing_http_inbox_work",
     "CREATE INDEX homing_http_inbox_work ON homing_http_inbox (next_attempt_at) "
