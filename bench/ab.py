@@ -45,6 +45,9 @@ CELLS: dict[str, dict[str, Any]] = {
 # The HTTP receiver alone (bench/http.py's Option 2 cell): always the working tree's
 # script, run on each version's homing (its ``src`` first on the path, the server too).
 HTTP_CELLS = {"http-receiver-sqlite": "sqlite", "http-receiver-pg": "postgres"}
+# The whole reliable send (bench/http.py's "homing send (Option 2)" row: AsyncSender.send
+# to the receiver and back, 32 at a time, outbox commit, dispatcher, request, tombstone).
+SEND_CELLS = {"http-send-sqlite": "sqlite", "http-send-pg": "postgres"}
 _DEFAULTS = {
     "cycle": {"batch": 1, "consumers": 2, "seconds": 3.0, "warmup_s": 0.3},
     "drain": {"batch": 1, "consumers": 1, "jobs": 6000, "preload_s": 5.0, "seconds": 5.0},
@@ -54,6 +57,8 @@ _DEFAULTS = {
 def spec_of(name: str) -> dict[str, Any]:
     if name in HTTP_CELLS:
         return {"http": HTTP_CELLS[name]}
+    if name in SEND_CELLS:
+        return {"http": SEND_CELLS[name], "only": "send", "row": "homing send (Option 2)"}
     cell = CELLS[name]
     return {**_DEFAULTS[cell["workload"]], **cell}
 
@@ -62,25 +67,39 @@ def run_cell(tree: Path, spec: dict[str, Any], timeout: float = 300.0) -> float 
     """The cell's rate on the code in ``tree`` (None when it failed): the harness's own
     cell runner (``bench.run.run_cell``), pointed at ``tree``."""
     if "http" in spec:
-        return run_http_cell(tree, spec["http"], timeout)
+        return run_http_cell(
+            tree,
+            spec["http"],
+            timeout,
+            only=spec.get("only", "none"),
+            row_name=spec.get("row", "homing receiver (Option 2)"),
+        )
     result = bench_run.run_cell(spec, io.StringIO(), timeout, root=tree)
     return float(result["rate"]) if result.get("ok") and "rate" in result else None
 
 
-def run_http_cell(tree: Path, backend: str, timeout: float) -> float | None:
-    """Messages/s of the receiver alone (1,000 Option 2 messages, one round)."""
+def run_http_cell(
+    tree: Path,
+    backend: str,
+    timeout: float,
+    *,
+    only: str = "none",
+    row_name: str = "homing receiver (Option 2)",
+) -> float | None:
+    """Messages/s of one row of ``bench/http.py`` (by default the receiver alone: 1,000
+    Option 2 messages, one round)."""
     env = bench_run.cell_env("http", tree)
     with tempfile.TemporaryDirectory(prefix="homing-ab-http-") as tmp:
         out = Path(tmp) / "http.json"
         cmd = [sys.executable, str(ROOT / "bench" / "http.py"), "--backend", backend]
-        cmd += ["--only", "none", "--rounds", "1", "--n", "1000", "--out", str(out)]
+        cmd += ["--only", only, "--rounds", "1", "--n", "1000", "--out", str(out)]
         try:
             subprocess.run(cmd, cwd=tree, env=env, capture_output=True, timeout=timeout)
             doc = json.loads(out.read_text())
         except (subprocess.TimeoutExpired, OSError, ValueError):
             return None
     rows = {r["name"]: r for r in doc["runs"][backend]["results"]}
-    row = rows.get("homing receiver (Option 2)")
+    row = rows.get(row_name)
     return float(row["msgs_per_s"]) if row else None
 
 
@@ -117,9 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cells",
         nargs="+",
-        choices=sorted([*CELLS, *HTTP_CELLS]),
+        choices=sorted([*CELLS, *HTTP_CELLS, *SEND_CELLS]),
         default=list(CELLS),
-        help="cells to run (the http-receiver ones only when named)",
+        help="cells to run (the http-receiver and http-send ones only when named)",
     )
     parser.add_argument(
         "--out", type=Path, help="also write the table, with the command, to this file"

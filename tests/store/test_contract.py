@@ -76,6 +76,24 @@ def test_a_statement_commits_by_itself(store: Store) -> None:
     assert rows(store) == {"s": 1}
 
 
+def test_a_read_needs_no_transaction_and_joins_an_open_one(store: Store) -> None:
+    """``read()``: on PostgreSQL the query runs in autocommit (one round trip, no BEGIN and
+    COMMIT around it); on SQLite in a read transaction; inside an open transaction it is
+    that transaction (it sees the transaction's own uncommitted rows)."""
+    with store.statement() as tx:
+        put(tx, "r", 1)
+    with store.read() as tx:
+        assert tx.query("SELECT v FROM contract_t WHERE k = ?", ("r",)) == [(1,)]
+        if store.dialect == "postgres":
+            assert tx.connection.autocommit
+            assert tx.connection.info.transaction_status.name == "IDLE"
+    with store.transaction() as outer:
+        put(outer, "uncommitted", 2)
+        with store.read() as tx:
+            assert tx is outer
+            assert tx.query("SELECT v FROM contract_t WHERE k = ?", ("uncommitted",)) == [(2,)]
+
+
 def test_after_commit_callbacks_run_once_after_the_commit_and_never_after_a_rollback(
     store: Store,
 ) -> None:

@@ -8,11 +8,14 @@ from collections.abc import Callable
 
 
 class _Waiters:
-    """Callbacks of callers waiting for one message's outcome in this process."""
+    """Callbacks of callers waiting for one message's outcome in this process, and which
+    of those messages this process saw delivered (a ``send``'s result is nothing more:
+    its waiters need not read the row back). Both hold only messages someone waits for."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by_id: dict[str, list[Callable[[], None]]] = {}
+        self._sent: set[str] = set()
 
     def add(self, msg_id: str, fn: Callable[[], None]) -> None:
         with self._lock:
@@ -25,10 +28,18 @@ class _Waiters:
                 fns.remove(fn)
             if not fns:
                 self._by_id.pop(msg_id, None)
+                self._sent.discard(msg_id)
 
-    def fire(self, msg_id: str) -> None:
+    def sent(self, msg_id: str) -> bool:
+        """Whether this process recorded the message as a delivered ``send`` (committed)."""
+        with self._lock:
+            return msg_id in self._sent
+
+    def fire(self, msg_id: str, *, sent: bool = False) -> None:
         with self._lock:
             fns = list(self._by_id.get(msg_id, ()))
+            if sent and fns:
+                self._sent.add(msg_id)
         for fn in fns:
             try:
                 fn()
@@ -41,5 +52,7 @@ class _Waiters:
 waiters = _Waiters()
 
 
-def notify_changed(msg_id: str) -> None:
-    waiters.fire(msg_id)
+def notify_changed(msg_id: str, *, sent: bool = False) -> None:
+    """The message's outcome was committed by this process; ``sent``: it is a ``send``,
+    now delivered (its waiters return at once, without reading the row)."""
+    waiters.fire(msg_id, sent=sent)

@@ -427,7 +427,7 @@ class Dispatcher:
             failpoint("http.sender.after_tombstone_before_delete")
             if stored:
                 self.stats["delivered"] += 1
-                notify_changed(row.id)
+                notify_changed(row.id, sent=state == "delivered" and row.kind == "send")
                 if confirm:
                     await _followups.confirm(self, clients, row, confirm, token)
             return

@@ -307,8 +307,9 @@ class Sender:
 
     # -- waiting -------------------------------------------------------------------------
     def poll(self, msg_id: str) -> tuple[bool, Any]:
-        """(True, result) once the message is finished; raises if it failed."""
-        with self.db.store.transaction(write=False) as tx:
+        """(True, result) once the message is finished; raises if it failed. One read
+        (on PostgreSQL one round trip, not a transaction's three)."""
+        with self.db.store.read() as tx:
             row = q.outgoing(tx, msg_id)
         if row is None:
             raise NotFound(f"no outgoing message {msg_id!r} in the outbox of {self.db.url}")
@@ -349,6 +350,8 @@ class Sender:
         waiters.add(msg_id, event.set)  # before the first poll: no outcome is missed
         try:
             while True:
+                if waiters.sent(msg_id):
+                    return None  # a send this process delivered: nothing to read back
                 done, result = self.poll(msg_id)
                 if done:
                     return result
@@ -357,27 +360,51 @@ class Sender:
         finally:
             waiters.remove(msg_id, event.set)
 
-    async def wait_async(self, msg_id: str, *, timeout: float | None = None) -> Any:
+    async def wait_async(
+        self, msg_id: str, *, timeout: float | None = None, woken: _AsyncWake | None = None
+    ) -> Any:
+        """``woken``: a wake-up registered before the message was stored (by the caller
+        that stores it), so that its first poll can wait for a wake-up, or ``POLL_S``,
+        instead of reading a row that cannot be finished yet."""
         end = None if timeout is None else time.monotonic() + timeout
-        loop = asyncio.get_running_loop()
-        event = asyncio.Event()
-
-        def wake() -> None:
-            loop.call_soon_threadsafe(event.set)
-
-        waiters.add(msg_id, wake)
+        wake = woken if woken is not None else _AsyncWake(msg_id)
         try:
+            if woken is not None:
+                await wake.wait(_poll_interval(msg_id, end, timeout))
             while True:
+                if waiters.sent(msg_id):
+                    return None  # a send this process delivered: nothing to read back
                 done, result = await asyncio.to_thread(self.poll, msg_id)
                 if done:
                     return result
-                try:
-                    await asyncio.wait_for(event.wait(), _poll_interval(msg_id, end, timeout))
-                except TimeoutError:
-                    pass
-                event.clear()
+                await wake.wait(_poll_interval(msg_id, end, timeout))
         finally:
-            waiters.remove(msg_id, wake)
+            wake.close()
+
+
+class _AsyncWake:
+    """A message's wake-up for an asyncio waiter: set by a dispatcher or reply node of
+    this process (``waiters``) when it records the message's outcome."""
+
+    def __init__(self, msg_id: str) -> None:
+        self.msg_id = msg_id
+        self._loop = asyncio.get_running_loop()
+        self._event = asyncio.Event()
+        waiters.add(msg_id, self._fire)
+
+    def _fire(self) -> None:
+        self._loop.call_soon_threadsafe(self._event.set)
+
+    async def wait(self, seconds: float) -> None:
+        """Until woken or ``seconds`` passed."""
+        try:
+            await asyncio.wait_for(self._event.wait(), seconds)
+        except TimeoutError:
+            pass
+        self._event.clear()
+
+    def close(self) -> None:
+        waiters.remove(self.msg_id, self._fire)
 
 
 def reply_url(local_url: Any) -> str:
@@ -452,10 +479,17 @@ class AsyncSender:
         if kind not in ("put", "send", "job"):
             raise InvalidArgument(f"kind must be put, send or job, got {kind!r}")
         msg = self.sync._new(kind, url, body, local_url, content_type, headers, method)
-        # concurrent calls share one commit; each returns only after its message is durable
-        await self._group().run(functools.partial(self.sync._insert, msg=msg))
+        # Registered before the row exists: no outcome recorded in this process is missed,
+        # and the first read waits for one instead of finding the message just stored.
+        wake = _AsyncWake(msg.id)
+        try:
+            # concurrent calls share one commit; each returns only after its message is durable
+            await self._group().run(functools.partial(self.sync._insert, msg=msg))
+        except BaseException:
+            wake.close()
+            raise
         failpoint("http.sender.after_outbox_insert")
-        return await self.sync.wait_async(msg.id, timeout=timeout)
+        return await self.sync.wait_async(msg.id, timeout=timeout, woken=wake)
 
     def _group(self) -> GroupCommit:
         loop = asyncio.get_running_loop()

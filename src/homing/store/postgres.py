@@ -8,7 +8,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -346,6 +346,9 @@ class PostgresStore:
             with self._slot.bind(tx):
                 yield tx
         tx.run_after_commit()
+
+    def read(self) -> AbstractContextManager[Tx]:
+        return self.statement()
 
     def _lease_pool(self) -> Any:
         """The pool for commits that need not wait for the disk (made at the first lease)."""

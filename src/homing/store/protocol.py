@@ -200,6 +200,12 @@ class Store(Protocol):
         same as the lease expiring: the job is ready again. A process crash loses nothing."""
         ...
 
+    def read(self) -> AbstractContextManager[Tx]:
+        """For a read of one statement that needs no transaction: PostgreSQL runs it in
+        autocommit (one round trip instead of BEGIN, the query and COMMIT); SQLite, in
+        process, in a deferred read transaction. Joins the open transaction, if any."""
+        ...
+
     def in_transaction(self) -> Tx | None:
         """The transaction open in the current thread or task, if any."""
         ...

@@ -205,6 +205,9 @@ class SQLiteStore:
             return self.transaction()
         return self._unsynced_transaction()
 
+    def read(self) -> AbstractContextManager[Tx]:
+        return self.transaction(write=False)
+
     @contextmanager
     def _unsynced_transaction(self) -> Iterator[Tx]:
         conn = self._connection()
