@@ -6,11 +6,12 @@ in a durable outbox; a ``Dispatcher`` delivers it with retries until acknowledge
 handler in the transaction that marks the message done.
 """
 
+from homing.http._async_sender import AsyncSender
 from homing.http.dispatcher import Dispatcher
 from homing.http.errors import DeadlineExceeded, MessageFailed, UnsafeURL
 from homing.http.policy import DEFAULT_FATAL_STATUSES, WEBHOOK_SCHEDULE, EndpointLimit, RetryPolicy
 from homing.http.receiver import Handler, Receiver, gc
-from homing.http.sender import AsyncSender, Pending, Response, Sender
+from homing.http.sender import Pending, Response, Sender
 from homing.http.wire import BadJSON
 
 __all__ = [

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable
 
@@ -56,3 +57,29 @@ def notify_changed(msg_id: str, *, sent: bool = False) -> None:
     """The message's outcome was committed by this process; ``sent``: it is a ``send``,
     now delivered (its waiters return at once, without reading the row)."""
     waiters.fire(msg_id, sent=sent)
+
+
+class AsyncWake:
+    """A message's wake-up for an asyncio waiter: set by a dispatcher or reply node of
+    this process (``waiters``) when it records the message's outcome. Registered when
+    made: make it before the message is stored and no outcome is missed."""
+
+    def __init__(self, msg_id: str) -> None:
+        self.msg_id = msg_id
+        self._loop = asyncio.get_running_loop()
+        self._event = asyncio.Event()
+        waiters.add(msg_id, self._fire)
+
+    def _fire(self) -> None:
+        self._loop.call_soon_threadsafe(self._event.set)
+
+    async def wait(self, seconds: float) -> None:
+        """Until woken or ``seconds`` passed."""
+        try:
+            await asyncio.wait_for(self._event.wait(), seconds)
+        except TimeoutError:
+            pass
+        self._event.clear()
+
+    def close(self) -> None:
+        waiters.remove(self.msg_id, self._fire)

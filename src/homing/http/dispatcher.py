@@ -178,10 +178,11 @@ class Dispatcher:
         self._claim_now = True
         self._set_wake()
 
-    def hand_off(self, row: q.OutboxRow) -> None:
-        """Send this row, claimed by this dispatcher in the transaction that stored it
-        (called once that transaction committed)."""
-        self.handoff.put(row)
+    def hand_off(self, *rows: q.OutboxRow) -> None:
+        """Send these rows, claimed by this dispatcher in the transaction that stored them
+        (called once that transaction committed); one wake-up for all of them."""
+        for row in rows:
+            self.handoff.put(row)
         self._set_wake()
 
     def _set_wake(self) -> None:

@@ -10,11 +10,9 @@ the request commits with the caller's writes (transactional outbox) and the call
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,8 +24,7 @@ from homing.database import Database, Transaction
 from homing.errors import InvalidArgument, NotFound, PayloadTooLarge
 from homing.http import wire
 from homing.http._claims import claimed_row
-from homing.http._group import GroupCommit
-from homing.http._waiters import waiters
+from homing.http._waiters import AsyncWake, waiters
 from homing.http.dispatcher import DEADLINE_PREFIX, Dispatcher
 from homing.http.errors import DeadlineExceeded, MessageFailed
 from homing.http.policy import (
@@ -264,19 +261,23 @@ class Sender:
         )
 
     def _insert(self, tx: Tx, *, msg: q.NewOutgoing) -> None:
-        """Store the row; with a dispatcher in this process, claimed by it and handed to it
-        once ``tx`` commits (no claim transaction of its own: ``homing.http._claims``)."""
+        self._insert_many(tx, [msg])
+
+    def _insert_many(self, tx: Tx, msgs: Sequence[q.NewOutgoing]) -> None:
+        """Store the rows (one statement); with a dispatcher in this process, claimed by it
+        and handed to it once ``tx`` commits (no claim transaction of its own:
+        ``homing.http._claims``)."""
         dispatcher = self.dispatcher
         if dispatcher is None:
-            q.insert_outgoing(tx, [msg])
+            q.insert_outgoing(tx, msgs)
             return
         claim = dispatcher.handoff.claim(self.db.clock.now())
-        q.insert_outgoing(tx, [msg], claim=claim)
+        q.insert_outgoing(tx, msgs, claim=claim)
         if claim is None:
             tx.call_after_commit(dispatcher.wake)
         else:
-            row = claimed_row(msg, *claim)
-            tx.call_after_commit(lambda: dispatcher.hand_off(row))
+            rows = [claimed_row(m, *claim) for m in msgs]
+            tx.call_after_commit(lambda: dispatcher.hand_off(*rows))
 
     def _call(
         self,
@@ -361,13 +362,13 @@ class Sender:
             waiters.remove(msg_id, event.set)
 
     async def wait_async(
-        self, msg_id: str, *, timeout: float | None = None, woken: _AsyncWake | None = None
+        self, msg_id: str, *, timeout: float | None = None, woken: AsyncWake | None = None
     ) -> Any:
         """``woken``: a wake-up registered before the message was stored (by the caller
         that stores it), so that its first poll can wait for a wake-up, or ``POLL_S``,
         instead of reading a row that cannot be finished yet."""
         end = None if timeout is None else time.monotonic() + timeout
-        wake = woken if woken is not None else _AsyncWake(msg_id)
+        wake = woken if woken is not None else AsyncWake(msg_id)
         try:
             if woken is not None:
                 await wake.wait(_poll_interval(msg_id, end, timeout))
@@ -380,31 +381,6 @@ class Sender:
                 await wake.wait(_poll_interval(msg_id, end, timeout))
         finally:
             wake.close()
-
-
-class _AsyncWake:
-    """A message's wake-up for an asyncio waiter: set by a dispatcher or reply node of
-    this process (``waiters``) when it records the message's outcome."""
-
-    def __init__(self, msg_id: str) -> None:
-        self.msg_id = msg_id
-        self._loop = asyncio.get_running_loop()
-        self._event = asyncio.Event()
-        waiters.add(msg_id, self._fire)
-
-    def _fire(self) -> None:
-        self._loop.call_soon_threadsafe(self._event.set)
-
-    async def wait(self, seconds: float) -> None:
-        """Until woken or ``seconds`` passed."""
-        try:
-            await asyncio.wait_for(self._event.wait(), seconds)
-        except TimeoutError:
-            pass
-        self._event.clear()
-
-    def close(self) -> None:
-        waiters.remove(self.msg_id, self._fire)
 
 
 def reply_url(local_url: Any) -> str:
@@ -432,77 +408,3 @@ def _poll_interval(msg_id: str, end: float | None, timeout: float | None) -> flo
             "and is still retried: wait again with Sender.wait(id)"
         )
     return left
-
-
-class AsyncSender:
-    """The asyncio form of ``Sender``: the same calls, awaitable; store work runs in a thread."""
-
-    def __init__(self, db: Database, **options: Any) -> None:
-        self.sync = Sender(db, **options)
-        self._groups: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, GroupCommit] = (
-            weakref.WeakKeyDictionary()
-        )
-
-    async def put(self, url: str, body: Any, **kw: Any) -> Any:
-        return await self._call("put", url, body, None, **kw)
-
-    async def send(self, url: str, body: Any, **kw: Any) -> Any:
-        return await self._call("send", url, body, None, **kw)
-
-    async def perform_job(self, url: str, local_url: str, body: Any, **kw: Any) -> Any:
-        return await self._call("job", url, body, reply_url(local_url), **kw)
-
-    async def _call(
-        self,
-        kind: str,
-        url: str,
-        body: Any,
-        local_url: str | None,
-        *,
-        content_type: str | None = None,
-        tx: Transaction | Tx | None = None,
-        timeout: float | None = None,
-        headers: Mapping[str, str] | None = None,
-        method: str = "POST",
-    ) -> Any:
-        if tx is not None:  # the caller's transaction is bound to its thread: stay on it
-            return self.sync.enqueue(
-                kind,
-                url,
-                body,
-                local_url=local_url,
-                content_type=content_type,
-                tx=tx,
-                headers=headers,
-                method=method,
-            )
-        if kind not in ("put", "send", "job"):
-            raise InvalidArgument(f"kind must be put, send or job, got {kind!r}")
-        msg = self.sync._new(kind, url, body, local_url, content_type, headers, method)
-        # Registered before the row exists: no outcome recorded in this process is missed,
-        # and the first read waits for one instead of finding the message just stored.
-        wake = _AsyncWake(msg.id)
-        try:
-            # concurrent calls share one commit; each returns only after its message is durable
-            await self._group().run(functools.partial(self.sync._insert, msg=msg))
-        except BaseException:
-            wake.close()
-            raise
-        failpoint("http.sender.after_outbox_insert")
-        return await self.sync.wait_async(msg.id, timeout=timeout, woken=wake)
-
-    def _group(self) -> GroupCommit:
-        loop = asyncio.get_running_loop()
-        group = self._groups.get(loop)
-        if group is None:
-            group = self._groups[loop] = GroupCommit(self.sync.db.store, asyncio.to_thread)
-        return group
-
-    async def aclose(self) -> None:
-        await asyncio.to_thread(self.sync.close)
-
-    async def __aenter__(self) -> AsyncSender:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
