@@ -17,6 +17,7 @@ messages go alone.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections import deque
 from collections.abc import Callable
@@ -200,8 +201,8 @@ class Batcher:
         waits: list[Any] = []
         for row, (status, detail) in zip(rows, results, strict=True):
             if 200 <= status < 300:
-                tomb = d._tombstone(
-                    row, token, "delivered", status, wire.BYTES_TYPE, b"", None, None
+                tomb = functools.partial(
+                    d._tombstone, row, token, "delivered", status, wire.BYTES_TYPE, b"", None, None
                 )
                 waits.append(d._group.run(tomb))
             elif is_fatal(status, d.fatal_statuses):

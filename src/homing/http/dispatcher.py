@@ -37,7 +37,6 @@ from homing.http._endpoints import (
 )
 from homing.http._group import GroupCommit
 from homing.http._netguard import RefusedAddress, pinning
-from homing.http._tombstones import TombstoneBatch, TombstoneWrite
 from homing.http._waiters import notify_changed
 from homing.http.policy import DEFAULT_FATAL_STATUSES, EndpointLimit, RetryPolicy, is_fatal
 from homing.store import http_endpoint_queries as eq
@@ -206,7 +205,7 @@ class Dispatcher:
     async def _run(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
-        self._group = GroupCommit(self.db.store, self._db, batch=TombstoneBatch(self))
+        self._group = GroupCommit(self.db.store, self._db)
         token = _claims.new_token()
         self.handoff.open(token)  # before start() returns: its first enqueues hand off
         self._started.set()
@@ -414,7 +413,17 @@ class Dispatcher:
             ctype = resp.headers.get("content-type", wire.BYTES_TYPE)
             assert self._group is not None
             stored = await self._group.run(
-                self._tombstone(row, token, state, status, ctype, resp.content, confirm, status_url)
+                functools.partial(
+                    self._tombstone,
+                    row,
+                    token,
+                    state,
+                    status,
+                    ctype,
+                    resp.content,
+                    confirm,
+                    status_url,
+                )
             )
             failpoint("http.sender.after_tombstone_before_delete")
             if stored:
@@ -450,18 +459,23 @@ class Dispatcher:
         body: bytes,
         confirm: str | None,
         status_url: str | None,
-    ) -> TombstoneWrite:
-        """The tombstone of a delivery, for ``self._group`` (written with the batch's others)."""
+        tx: Tx,
+    ) -> bool:
+        now = self.db.clock.now()
         keep = body if row.kind in ("put", "job") else None
-        return TombstoneWrite(
-            row,
+        self.endpoints.ok(tx, row.url)
+        return q.mark_delivered(
+            tx,
+            row.id,
             token,
-            state,
-            status,
-            ctype if keep is not None else None,
-            keep,
-            confirm,
-            status_url,
+            state=state,
+            now=now,
+            status=status,
+            content_type=ctype if keep is not None else None,
+            body=keep,
+            confirm_url=confirm,
+            status_url=status_url,
+            check_at=now + self.job_check if status_url else None,
         )
 
     def _peer_url(self, row: q.OutboxRow, url: str | None) -> str | None:

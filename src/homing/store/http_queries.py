@@ -253,88 +253,26 @@ def mark_delivered(
 ) -> bool:
     """Tombstone: the row is never sent again. Keeps the response; schedules the DELETE
     (or, for an accepted job with a ``status_url``, a status check at ``check_at``)."""
-    stone = Tombstone(
-        msg_id,
-        token,
-        state,
-        status,
-        content_type,
-        body,
-        confirm_url,
-        status_url,
-        now if confirm_url else check_at,
-    )
-    return _mark_one(tx, stone, now)
-
-
-@dataclass(frozen=True)
-class Tombstone:
-    """What ``mark_delivered`` writes for one message (``next_attempt_at``: the confirmation
-    DELETE's or the status check's time, or None)."""
-
-    msg_id: str
-    token: str
-    state: str
-    status: int
-    content_type: str | None
-    body: bytes | None
-    confirm_url: str | None
-    status_url: str | None
-    next_attempt_at: float | None
-
-
-def mark_delivered_many(tx: Tx, stones: Sequence[Tombstone], *, now: float) -> set[str]:
-    """``mark_delivered`` for many messages of distinct ids: the ids whose row was still
-    pending under the given claim (those are tombstoned now). One statement on
-    PostgreSQL; one each on SQLite, where a statement is a call inside this process."""
-    if tx.sql.name != "postgres":
-        return {s.msg_id for s in stones if _mark_one(tx, s, now)}
-    rows = tx.query(
-        "UPDATE homing_http_outbox o SET state = t.state, status = t.status, "
-        "resp_content_type = t.ctype, resp_body = t.body, confirm_url = t.confirm, "
-        "status_url = t.status_url, next_attempt_at = t.next_at, claim_token = NULL, "
-        "claimed_until = NULL, attempts = o.attempts + 1, "
-        "finished_at = CASE WHEN t.state = 'delivered' THEN ? ELSE o.finished_at END "
-        "FROM unnest(?::text[], ?::text[], ?::text[], ?::int[], ?::text[], ?::bytea[], "
-        "?::text[], ?::text[], ?::float8[]) AS t(id, token, state, status, ctype, body, "
-        "confirm, status_url, next_at) "
-        "WHERE o.id = t.id AND o.claim_token = t.token AND o.state = 'pending' RETURNING o.id",
-        (
-            now,
-            [s.msg_id for s in stones],
-            [s.token for s in stones],
-            [s.state for s in stones],
-            [s.status for s in stones],
-            [s.content_type for s in stones],
-            [s.body for s in stones],
-            [s.confirm_url for s in stones],
-            [s.status_url for s in stones],
-            [s.next_attempt_at for s in stones],
-        ),
-    )
-    return {str(r[0]) for r in rows}
-
-
-def _mark_one(tx: Tx, s: Tombstone, now: float) -> bool:
     return (
         tx.rowcount(
             "UPDATE homing_http_outbox SET state = ?, status = ?, resp_content_type = ?, "
             "resp_body = ?, confirm_url = ?, status_url = ?, next_attempt_at = ?, "
-            "claim_token = NULL, claimed_until = NULL, attempts = attempts + 1, "
+            "claim_token = NULL, "
+            "claimed_until = NULL, attempts = attempts + 1, "
             "finished_at = CASE WHEN ? = 'delivered' THEN ? ELSE finished_at END "
             "WHERE id = ? AND claim_token = ? AND state = 'pending'",
             (
-                s.state,
-                s.status,
-                s.content_type,
-                s.body,
-                s.confirm_url,
-                s.status_url,
-                s.next_attempt_at,
-                s.state,
+                state,
+                status,
+                content_type,
+                body,
+                confirm_url,
+                status_url,
+                now if confirm_url else check_at,
+                state,
                 now,
-                s.msg_id,
-                s.token,
+                msg_id,
+                token,
             ),
         )
         == 1
