@@ -567,6 +567,46 @@ def test_an_enqueue_hands_its_row_to_the_local_dispatcher_without_a_claim(
         ) == [(0,)]  # each claim ended with its row's outcome
 
 
+def test_a_batch_of_enqueues_is_handed_off_only_up_to_the_queues_bound(pair: Pair) -> None:
+    """``AsyncSender`` stores a group commit's messages together: no more of them are
+    claimed for the local dispatcher than its hand-off queue has room for (``bound``);
+    the rest are stored unclaimed, for any dispatcher's claim, and the dispatcher is
+    woken for them once the transaction commits."""
+    from homing.http import _claims
+    from homing.store import http_queries as q
+
+    class StubDispatcher:
+        def __init__(self) -> None:
+            self.handoff = _claims.Handoff(bound=3, lease=60.0)
+            self.handoff.open("stub-token")
+            self.handed: list[q.OutboxRow] = []
+            self.wakes = 0
+
+        def hand_off(self, *rows: q.OutboxRow) -> None:
+            for row in rows:
+                self.handoff.put(row)
+            self.handed += rows
+
+        def wake(self) -> None:
+            self.wakes += 1
+
+    sender = Sender(pair.sdb, dispatch=False)
+    stub = StubDispatcher()
+    stub.handoff.put(
+        _claims.claimed_row(sender._new("send", pair.base + "/x", 0, None, None), "stub-token", 1.0)
+    )
+    sender.dispatcher = stub  # type: ignore[assignment]
+    msgs = [sender._new("send", pair.base + "/bound", {"b": i}, None, None) for i in range(5)]
+    with pair.sdb.store.transaction() as tx:
+        sender._insert_many(tx, msgs)
+        assert stub.handed == [] and stub.wakes == 0  # nothing before the commit
+    assert [r.id for r in stub.handed] == [m.id for m in msgs[:2]]  # room for 2 of 5
+    assert stub.wakes == 1
+    with pair.sdb.store.transaction(write=False) as tx:
+        rows = [q.outgoing(tx, m.id) for m in msgs]
+    assert [r.claim_token if r else "missing" for r in rows] == ["stub-token"] * 2 + [None] * 3
+
+
 def test_rows_claimed_at_enqueue_by_a_dead_process_are_delivered_by_the_next(
     pair: Pair,
 ) -> None:

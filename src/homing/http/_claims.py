@@ -84,6 +84,11 @@ class Handoff:
             return None
         return token, now + self.lease
 
+    def room(self) -> int:
+        """How many more rows may wait for the dispatcher now (0 when it is not running)."""
+        with self._lock:
+            return 0 if self._token is None else max(0, self.bound - len(self._rows))
+
     def put(self, row: q.OutboxRow) -> None:
         """The row's transaction committed: it is the dispatcher's to send."""
         with self._lock:

@@ -266,18 +266,22 @@ class Sender:
     def _insert_many(self, tx: Tx, msgs: Sequence[q.NewOutgoing]) -> None:
         """Store the rows (one statement); with a dispatcher in this process, claimed by it
         and handed to it once ``tx`` commits (no claim transaction of its own:
-        ``homing.http._claims``)."""
+        ``homing.http._claims``), as many as its hand-off queue has room for; the others
+        are stored unclaimed, for any dispatcher's claim."""
         dispatcher = self.dispatcher
         if dispatcher is None:
             q.insert_outgoing(tx, msgs)
             return
         claim = dispatcher.handoff.claim(self.db.clock.now())
-        q.insert_outgoing(tx, msgs, claim=claim)
-        if claim is None:
-            tx.call_after_commit(dispatcher.wake)
-        else:
-            rows = [claimed_row(m, *claim) for m in msgs]
+        room = dispatcher.handoff.room() if claim is not None else 0
+        claimed, rest = list(msgs[:room]), list(msgs[room:])
+        if claim is not None and claimed:
+            q.insert_outgoing(tx, claimed, claim=claim)
+            rows = [claimed_row(m, *claim) for m in claimed]
             tx.call_after_commit(lambda: dispatcher.hand_off(*rows))
+        if rest:
+            q.insert_outgoing(tx, rest)
+            tx.call_after_commit(dispatcher.wake)
 
     def _call(
         self,
