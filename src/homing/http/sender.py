@@ -217,11 +217,11 @@ class Sender:
         msg = self._new(kind, url, body, local_url, content_type, headers, method)
         raw = tx.tx if isinstance(tx, Transaction) else tx
         if raw is not None:
-            self._insert(raw, msg=msg)
+            self._insert_many(raw, [msg])
             raw.call_after_commit(lambda: failpoint("http.sender.after_outbox_insert"))
         else:
             with self.db.store.transaction() as own:
-                self._insert(own, msg=msg)
+                self._insert_many(own, [msg])
             failpoint("http.sender.after_outbox_insert")
         return Pending(msg.id, kind, self)
 
@@ -259,9 +259,6 @@ class Sender:
             created_at=now,
             headers=json.dumps(own) if own else None,
         )
-
-    def _insert(self, tx: Tx, *, msg: q.NewOutgoing) -> None:
-        self._insert_many(tx, [msg])
 
     def _insert_many(self, tx: Tx, msgs: Sequence[q.NewOutgoing]) -> None:
         """Store the rows (one statement); with a dispatcher in this process, claimed by it
