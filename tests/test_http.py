@@ -318,6 +318,32 @@ def test_a_delivered_send_is_not_read_back(pair: Pair, monkeypatch: pytest.Monke
     assert sorted(pair.effects_of("unread")) == expected  # and no more than once
 
 
+def test_a_synchronous_send_is_not_read_back(
+    pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Sender.send`` with the dispatcher in this process registers its wake-up before
+    storing the message, as ``AsyncSender`` does: its first wait is for the wake-up, not a
+    read of the row it just stored, and a delivered send is not read back at all (it read
+    each row once before). Every message has its effect, once."""
+    polls: list[str] = []
+    real_poll = Sender.poll
+
+    def counted(self: Sender, msg_id: str) -> tuple[bool, Any]:
+        polls.append(msg_id)
+        return real_poll(self, msg_id)
+
+    monkeypatch.setattr(Sender, "poll", counted)
+    n = 20
+    with pair.sender() as sender:
+        for i in range(n):
+            assert sender.send(pair.base + "/effect", {"sync_unread": i}) is None
+    # a wake-up later than the 0.25 s poll interval (a slow machine) costs a read: allow some
+    assert len(polls) <= n // 4, len(polls)
+    expected = sorted(json.dumps({"sync_unread": i}, sort_keys=True) for i in range(n))
+    assert eventually(lambda: sorted(pair.effects_of("sync_unread")) == expected)
+    assert sorted(pair.effects_of("sync_unread")) == expected  # and no more than once
+
+
 def test_signed_requests(pair: Pair) -> None:
     signed = Receiver(pair.rdb, secrets={"peer1": b"s3cret"}, dispatch=False)
     signed.add_node("/n", lambda body, tx: body)

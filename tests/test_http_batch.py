@@ -4,6 +4,7 @@ stored, answered and counted as if it came alone. On both backends."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -15,7 +16,7 @@ import httpx
 import pytest
 
 import homing
-from homing.http import Receiver, RetryPolicy, Sender, batch_wire, wire
+from homing.http import AsyncSender, Receiver, RetryPolicy, Sender, batch_wire, wire
 from homing.http.testing import serve_in_thread
 
 FAST = RetryPolicy(initial=0.05, maximum=0.5)
@@ -127,6 +128,38 @@ def test_a_sender_batches_a_receivers_messages_and_each_is_stored_once(side: Sid
     requests = side.requests.get("batch", 0) + side.requests.get("single", 0)
     requests -= before.get("batch", 0) + before.get("single", 0)
     assert requests <= 300 // 2, side.requests  # far fewer requests than messages
+
+
+def test_a_send_delivered_in_a_batch_is_not_read_back(
+    side: Side, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batched dispatcher says a delivered send is delivered with the wake-up, as the
+    one-message path does: ``AsyncSender.send`` returns without reading its outbox row
+    (it read each at least once before). Every message has its effect, once."""
+    polls: list[str] = []
+    real_poll = Sender.poll
+
+    def counted(self: Sender, msg_id: str) -> tuple[bool, Any]:
+        polls.append(msg_id)
+        return real_poll(self, msg_id)
+
+    monkeypatch.setattr(Sender, "poll", counted)
+    n = 64
+
+    async def main() -> list[Any]:
+        async with AsyncSender(side.sdb, batch=16, allowed_hosts=LOCAL, retry=FAST) as sender:
+            sent = await asyncio.gather(
+                *(sender.send(side.base + "/e", {"tag": "unread", "i": i}) for i in range(n))
+            )
+            assert sender.sync.dispatcher is not None
+            assert sender.sync.dispatcher.stats["batches"] > 0
+            return list(sent)
+
+    assert asyncio.run(main()) == [None] * n
+    # a wake-up later than the 0.25 s poll interval (a slow machine) costs a read: allow some
+    assert len(polls) <= n // 4, len(polls)
+    eventually(lambda: len(effect_rows(side.rdb, "unread")) >= n)
+    assert effect_rows(side.rdb, "unread") == list(range(n))  # each once, none lost
 
 
 def test_without_batch_a_sender_sends_one_request_a_message(side: Side) -> None:

@@ -11,7 +11,6 @@ from typing import Any
 
 from homing._failpoints import failpoint
 from homing.database import Database, Transaction
-from homing.errors import InvalidArgument
 from homing.http._group import GroupCommit
 from homing.http._waiters import AsyncWake
 from homing.http.sender import Sender, reply_url
@@ -89,8 +88,6 @@ class AsyncSender:
                 headers=headers,
                 method=method,
             )
-        if kind not in ("put", "send", "job"):
-            raise InvalidArgument(f"kind must be put, send or job, got {kind!r}")
         msg = self.sync._new(kind, url, body, local_url, content_type, headers, method)
         # Registered before the row exists: no outcome recorded in this process is missed,
         # and the first read waits for one instead of finding the message just stored.

@@ -217,7 +217,7 @@ class Batcher:
         for row, (status, _), stored in zip(rows, results, done, strict=True):
             if 200 <= status < 300 and stored:
                 d.stats["delivered"] += 1
-                notify_changed(row.id)
+                notify_changed(row.id, sent=True)  # batches carry sends only (batch_url)
 
     @staticmethod
     async def _each(

@@ -210,10 +210,6 @@ class Sender:
         method: str = "POST",
     ) -> Pending:
         """Store one message in the outbox (in ``tx`` if given) and return its handle."""
-        if kind not in ("put", "send", "job"):
-            raise InvalidArgument(f"kind must be put, send or job, got {kind!r}")
-        if kind == "job":
-            local_url = reply_url(local_url)
         msg = self._new(kind, url, body, local_url, content_type, headers, method)
         raw = tx.tx if isinstance(tx, Transaction) else tx
         if raw is not None:
@@ -235,6 +231,11 @@ class Sender:
         headers: Mapping[str, str] | None = None,
         method: str = "POST",
     ) -> q.NewOutgoing:
+        """The outbox row of one message, checked (kind, URLs, headers, method, size)."""
+        if kind not in ("put", "send", "job"):
+            raise InvalidArgument(f"kind must be put, send or job, got {kind!r}")
+        if kind == "job":
+            local_url = reply_url(local_url)
         wire.check_http(url)
         own = wire.check_headers(headers)
         verb = wire.check_method(method)
@@ -292,20 +293,29 @@ class Sender:
         headers: Mapping[str, str] | None = None,
         method: str = "POST",
     ) -> Any:
-        joined = tx is not None or self.db.store.in_transaction() is not None
-        pending = self.enqueue(
-            kind,
-            url,
-            body,
-            local_url=local_url,
-            content_type=content_type,
-            tx=tx if tx is not None else self.db.store.in_transaction(),
-            headers=headers,
-            method=method,
-        )
-        if joined:
-            return pending  # the caller commits; then pending.wait()
-        return self.wait(pending.id, timeout=timeout)
+        if tx is not None or self.db.store.in_transaction() is not None:
+            return self.enqueue(  # the caller commits; then pending.wait()
+                kind,
+                url,
+                body,
+                local_url=local_url,
+                content_type=content_type,
+                tx=tx if tx is not None else self.db.store.in_transaction(),
+                headers=headers,
+                method=method,
+            )
+        msg = self._new(kind, url, body, local_url, content_type, headers, method)
+        # Registered before the row exists: no outcome recorded in this process is missed,
+        # and the first read waits for one instead of finding the message just stored.
+        woken = threading.Event()
+        waiters.add(msg.id, woken.set)
+        try:
+            with self.db.store.transaction() as own:
+                self._insert_many(own, [msg])
+            failpoint("http.sender.after_outbox_insert")
+            return self.wait(msg.id, timeout=timeout, woken=woken)
+        finally:
+            waiters.remove(msg.id, woken.set)
 
     # -- waiting -------------------------------------------------------------------------
     def poll(self, msg_id: str) -> tuple[bool, Any]:
@@ -344,13 +354,25 @@ class Sender:
             return self.poll(msg_id)
         return False, None
 
-    def wait(self, msg_id: str, *, timeout: float | None = None) -> Any:
+    def wait(
+        self,
+        msg_id: str,
+        *,
+        timeout: float | None = None,
+        woken: threading.Event | None = None,
+    ) -> Any:
         """Block until the message is delivered (its result) or fails (raises).
-        ``timeout`` only bounds this wait; the message stays in the outbox."""
+        ``timeout`` only bounds this wait; the message stays in the outbox. ``woken``: a
+        wake-up registered in ``waiters`` before the message was stored (by the caller that
+        stores it, which also removes it): the first read waits for it, or ``POLL_S``."""
         end = None if timeout is None else time.monotonic() + timeout
-        event = threading.Event()
-        waiters.add(msg_id, event.set)  # before the first poll: no outcome is missed
+        event = woken if woken is not None else threading.Event()
+        if woken is None:
+            waiters.add(msg_id, event.set)  # before the first poll: no outcome is missed
         try:
+            if woken is not None:
+                event.wait(_poll_interval(msg_id, end, timeout))
+                event.clear()
             while True:
                 if waiters.sent(msg_id):
                     return None  # a send this process delivered: nothing to read back
@@ -360,7 +382,8 @@ class Sender:
                 event.wait(_poll_interval(msg_id, end, timeout))
                 event.clear()
         finally:
-            waiters.remove(msg_id, event.set)
+            if woken is None:
+                waiters.remove(msg_id, event.set)
 
     async def wait_async(
         self, msg_id: str, *, timeout: float | None = None, woken: AsyncWake | None = None
