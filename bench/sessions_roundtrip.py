@@ -4,13 +4,17 @@
 
 Each client thread loops: submit (T0 + T1), wait for the reply, take it (T3); server
 threads answer (T2). Durable commits (SQLite synchronous=FULL, PostgreSQL fsync) as in
-production. Prints one row per backend and client count.
+production. Prints one row per backend, client count and placement: the servers as
+threads of the clients' process ("one process": on SQLite a commit there wakes the other
+threads at once) or in a process of their own ("apart": on SQLite the waiters poll,
+10 ms doubling to 50 ms; on PostgreSQL LISTEN/NOTIFY either way).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import tempfile
 import threading
 import time
@@ -22,7 +26,28 @@ from homing.sessions import Server, Sessions
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/test"
 
 
-def run_one(url: str, clients: int, servers: int, seconds: float) -> dict[str, Any]:
+def _serve_apart(url: str, servers: int, ready: Any, stop: Any) -> None:
+    """The servers' own process (``apart``): answer until ``stop`` is set."""
+    db = homing.connect(url, pool_size=servers + 4)
+    assert isinstance(db, homing.Database)
+    done = threading.Event()
+    srv = [Server(db, "bench", lambda r, t: r.body) for _ in range(servers)]
+    threads = [
+        threading.Thread(target=s.run, args=(done,), kwargs={"idle_wait": 0.05}) for s in srv
+    ]
+    for t in threads:
+        t.start()
+    ready.set()
+    stop.wait()
+    done.set()
+    for t in threads:
+        t.join()
+    db.close()
+
+
+def run_one(
+    url: str, clients: int, servers: int, seconds: float, apart: bool = False
+) -> dict[str, Any]:
     db = homing.connect(url, pool_size=clients + servers + 4)
     assert isinstance(db, homing.Database)
     api = Sessions(db)
@@ -46,10 +71,21 @@ def run_one(url: str, clients: int, servers: int, seconds: float) -> dict[str, A
             latencies.extend(mine)
 
     server_stop = threading.Event()
-    srv = [Server(db, "bench", lambda r, t: r.body) for _ in range(servers)]
-    server_threads = [
-        threading.Thread(target=s.run, args=(server_stop,), kwargs={"idle_wait": 0.05}) for s in srv
-    ]
+    server_threads: list[threading.Thread] = []
+    apart_proc = None
+    if apart:
+        ctx = multiprocessing.get_context("spawn")
+        ready, apart_stop = ctx.Event(), ctx.Event()
+        apart_proc = ctx.Process(target=_serve_apart, args=(url, servers, ready, apart_stop))
+        apart_proc.start()
+        if not ready.wait(60):
+            raise RuntimeError("the servers' process did not start")
+    else:
+        srv = [Server(db, "bench", lambda r, t: r.body) for _ in range(servers)]
+        server_threads = [
+            threading.Thread(target=s.run, args=(server_stop,), kwargs={"idle_wait": 0.05})
+            for s in srv
+        ]
     client_threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
     for t in server_threads:
         t.start()
@@ -64,6 +100,9 @@ def run_one(url: str, clients: int, servers: int, seconds: float) -> dict[str, A
     server_stop.set()
     for t in server_threads:
         t.join()
+    if apart_proc is not None:
+        apart_stop.set()
+        apart_proc.join(60)
     Sessions(db).gc(older_than=0)
     db.close()
     latencies.sort()
@@ -78,6 +117,7 @@ def run_one(url: str, clients: int, servers: int, seconds: float) -> dict[str, A
         "backend": url.split(":", 1)[0],
         "clients": clients,
         "servers": servers,
+        "servers_in": "own process" if apart else "clients' process",
         "round_trips": total,
         "seconds": round(elapsed, 2),
         "round_trips_per_s": round(total / elapsed, 1),
@@ -102,15 +142,17 @@ def main() -> None:
         ("postgres", f"{args.postgres}{sep}schema={schema}", 2),
     ]
     for _, url, servers in targets:
-        for clients in (int(c) for c in args.clients.split(",")):
-            row = run_one(url, clients, servers, args.seconds)
-            results.append(row)
-            print(
-                f"{row['backend']:10} clients={clients:3} servers={servers} "
-                f"{row['round_trips_per_s']:8.1f} round trips/s  p50 {row['p50_ms']:.1f} ms  "
-                f"p99 {row['p99_ms']:.1f} ms",
-                flush=True,
-            )
+        for apart in (False, True):
+            for clients in (int(c) for c in args.clients.split(",")):
+                row = run_one(url, clients, servers, args.seconds, apart)
+                results.append(row)
+                where = "apart      " if apart else "one process"
+                print(
+                    f"{row['backend']:10} {where} clients={clients:3} servers={servers} "
+                    f"{row['round_trips_per_s']:8.1f} round trips/s  p50 {row['p50_ms']:.1f} "
+                    f"ms  p99 {row['p99_ms']:.1f} ms",
+                    flush=True,
+                )
     if args.json_path:
         with open(args.json_path, "w") as f:
             json.dump(results, f, indent=2)

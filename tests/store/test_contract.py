@@ -279,6 +279,52 @@ def _announce(store: Store) -> None:
         store.notify(tx, "contract_chan")
 
 
+def _registered_keys(store: Any, channel: str) -> set[str | None]:
+    if store.capabilities.notifications:
+        return set(store._listeners[store.notify_channel(channel)]._keys)
+    return {w.key for w in store._notices._waiters.get(channel, ())}
+
+
+def _announce_key(store: Store, channel: str, key: str) -> None:
+    with store.transaction() as tx:
+        store.notify(tx, channel, key)
+
+
+def test_a_keyed_wakeup_wakes_for_its_key_and_for_all_only(stores: StoreFactory) -> None:
+    """``wakeup(key=...)``: an announcement for another key does not wake it, one for its
+    key or for all does, and one made after it was made but before its wait is not
+    missed. On PostgreSQL from another connection (NOTIFY's payload); on SQLite from
+    another handle of the same file in this process (no notifications between
+    processes: those waiters poll). The long poll step makes a SQLite poll return
+    False, so True means woken."""
+    url = stores.url("keys")
+    a, b = open_store(url), open_store(url)
+    chan = "contract_keys"
+    try:
+        wa = a.wakeup(chan, min_poll=30, max_poll=30, key="A")
+        wb = a.wakeup(chan, min_poll=30, max_poll=30, key="B")
+        _announce_key(b, chan, "A")
+        started = time.monotonic()
+        assert wa.wait(30) is True
+        assert time.monotonic() - started < 10
+        assert wb.wait(0.5) is False  # A's announcement is not B's
+        _announce_key(b, chan, "")  # for all
+        assert wa.wait(30) is True and wb.wait(30) is True
+        wc = a.wakeup(chan, min_poll=30, max_poll=30, key="C")
+        _announce_key(b, chan, "C")  # before C's first wait: kept for it
+        time.sleep(0.3)  # PostgreSQL: the notification has arrived before the wait
+        assert wc.wait(30) is True
+        assert _registered_keys(a, chan) == {"A", "B", "C"}
+        for w in (wa, wb, wc):
+            w.close()
+            w.close()  # twice is harmless
+        assert _registered_keys(a, chan) == set()  # nothing kept for keys nobody waits on
+        _announce_key(b, chan, "A")  # nobody waits for it any more: dropped
+    finally:
+        a.close()
+        b.close()
+
+
 @pytest.mark.parametrize("backend", ["postgres"])  # the backend with notifications
 def test_a_notification_is_sent_only_on_commit(stores: StoreFactory) -> None:
     url = stores.url("wake")

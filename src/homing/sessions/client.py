@@ -263,17 +263,32 @@ class Session:
             request_id = check_name("request id", request_id)
         timeout = check_seconds("timeout", timeout, allow_zero=True)
         deadline = time.monotonic() + timeout
-        wakeup = self._store.wakeup(q.REPLY_CHANNEL, min_poll=0.01, max_poll=0.05)
-        while True:
-            # a read first: idle polling takes no write lock (SQLite) and no row lock (PG)
-            if self.peek_reply(request_id=request_id) is not None:
-                reply = self._take_once(handler, request_id)
-                if reply is not None:
-                    return reply
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            wakeup.wait(min(remaining, 0.05))
+        # woken by this client's replies only (a reply to another client is not a reason
+        # to look); registered before the first look, so none is missed
+        wakeup = self._store.wakeup(
+            q.REPLY_CHANNEL, min_poll=0.01, max_poll=0.05, key=self.client_id
+        )
+        try:
+            while True:
+                # a read first: idle polling takes no write lock (SQLite) and no row lock
+                # (PostgreSQL), in one statement (one round trip there)
+                if self._reply_waiting(request_id):
+                    reply = self._take_once(handler, request_id)
+                    if reply is not None:
+                        return reply
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                wakeup.wait(min(remaining, 0.05))
+        finally:
+            wakeup.close()
+
+    def _reply_waiting(self, request_id: str | None) -> bool:
+        """Whether a reply waits, checking that this handle may still act (one read)."""
+        with self._store.read() as tx:
+            session, waiting = q.reply_waiting(tx, self.client_id, request_id)
+        self._check(session)
+        return waiting
 
     def _take_once(self, handler: ReplyHandler | None, request_id: str | None) -> Reply | None:
         with self.sessions.db.transaction() as txn:

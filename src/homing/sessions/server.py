@@ -148,8 +148,8 @@ class Server:
         was taken."""
         store = self.db.store
         # Look first without locking, so idle servers do not hold SQLite's write lock or
-        # make PostgreSQL commit a row lock on every poll.
-        with store.transaction(write=False) as tx:
+        # make PostgreSQL commit a row lock on every poll (one statement: one round trip).
+        with store.read() as tx:
             if not q.request_due(tx, self.queues, now=store.clock.now()):
                 return False
         taken = self._take()
@@ -278,14 +278,17 @@ class Server:
         returns how many requests were handled."""
         handled = 0
         wakeup = self.db.store.wakeup(q.REQUEST_CHANNEL, min_poll=0.01, max_poll=idle_wait)
-        while stop is None or not stop.is_set():
-            if self.process_one():
-                handled += 1
-                wakeup.reset()
-                continue
-            if until_idle:
-                break
-            wakeup.wait(idle_wait)
+        try:
+            while stop is None or not stop.is_set():
+                if self.process_one():
+                    handled += 1
+                    wakeup.reset()
+                    continue
+                if until_idle:
+                    break
+                wakeup.wait(idle_wait)
+        finally:
+            wakeup.close()
         return handled
 
     def run_for(self, seconds: float) -> int:

@@ -68,8 +68,9 @@ class SqlDialect:
         """``column IN (values)`` with bound parameters (values: at most 500)."""
         raise NotImplementedError
 
-    def notify(self, tx: Tx, channel: str) -> None:
-        """Announce work on ``channel`` at commit (no-op where nobody listens)."""
+    def notify(self, tx: Tx, channel: str, key: str = "") -> None:
+        """Announce work on ``channel`` at commit, for ``key``'s waiters if given (no-op
+        where nobody listens)."""
 
     def forget_dead_listeners(self, tx: Tx, *, older_than: float) -> None:
         """Delete listener registrations not refreshed for ``older_than`` seconds (their

@@ -62,14 +62,18 @@ def parse_postgres_url(url: str) -> tuple[str, dict[str, str]]:
 
 
 class _Listener:
-    """One LISTEN connection per store; wakes every waiter when its channel is notified."""
+    """One LISTEN connection per store and channel. A notification wakes every waiter
+    without a key; a waiter with a key (``keyed``) wakes only for a notification whose
+    payload is that key, or is empty (an announcement for all), or for a ``poke``."""
 
     def __init__(self, conninfo: str, channel: str, *, register: bool) -> None:
         self._conninfo = conninfo
         self._channel = channel
         self._registers = register  # a channel whose announcements ask who listens
         self._cond = threading.Condition()
-        self._generation = 0
+        self._generation = 0  # every notification and poke: waiters without a key
+        self._broadcast = 0  # notifications without a payload, and pokes: every waiter
+        self._keys: dict[str, list[int]] = {}  # key -> [notifications, waiters]
         self._seen = threading.local()
         self._stop = False
         self._ready = threading.Event()
@@ -87,10 +91,8 @@ class _Listener:
                     due = self._register(conn) if self._registers else float("inf")
                     self._ready.set()
                     while not self._stop:
-                        for _ in conn.notifies(timeout=0.5, stop_after=1):
-                            with self._cond:
-                                self._generation += 1
-                                self._cond.notify_all()
+                        for note in conn.notifies(timeout=0.5, stop_after=1):
+                            self._deliver(note.payload)
                         if time.monotonic() >= due:
                             due = self._register(conn)
                     if self._registers:
@@ -126,11 +128,47 @@ class _Listener:
             self._seen.generation = self._generation
             return self._generation != start
 
-    def poke(self) -> None:
-        """Wake this process's waiters as if a notification had come."""
+    def _deliver(self, payload: str) -> None:
         with self._cond:
             self._generation += 1
+            if not payload:
+                self._broadcast += 1
+            else:
+                key = self._keys.get(payload)
+                if key is not None:
+                    key[0] += 1
             self._cond.notify_all()
+
+    def poke(self) -> None:
+        """Wake this process's waiters as if a notification had come."""
+        self._deliver("")
+
+    def keyed(self, key: str) -> NotifyWakeup:
+        """A wake-up for ``key``'s notifications, registered until it is closed: one that
+        arrives between two of its waits (while its caller looks for work) is not missed."""
+        with self._cond:
+            entry = self._keys.setdefault(key, [0, 0])
+            entry[1] += 1
+            seen = [self._broadcast + entry[0]]
+
+        def count() -> int:
+            return self._broadcast + entry[0]
+
+        def wait(timeout: float) -> bool:
+            with self._cond:
+                if count() == seen[0]:
+                    self._cond.wait_for(lambda: count() != seen[0], timeout=timeout)
+                woke = count() != seen[0]
+                seen[0] = count()
+                return woke
+
+        def close() -> None:
+            with self._cond:
+                entry[1] -= 1
+                if entry[1] == 0 and self._keys.get(key) is entry:
+                    del self._keys[key]
+
+        return NotifyWakeup(wait, self.poke, close)
 
     def stop(self) -> None:
         self._stop = True
@@ -476,15 +514,24 @@ class PostgresStore:
                 )
         return listener.wait(timeout)
 
-    def wakeup(self, channel: str, *, min_poll: float = 0.002, max_poll: float = 0.1) -> Wakeup:
+    def wakeup(
+        self,
+        channel: str,
+        *,
+        min_poll: float = 0.002,
+        max_poll: float = 0.1,
+        key: str | None = None,
+    ) -> Wakeup:
         self.wait_for_notification(channel, 0)  # start listening now, not at the first wait
         listener = self._listeners[self.notify_channel(channel)]
+        if key is not None:
+            return listener.keyed(key)
         return NotifyWakeup(
             lambda timeout: self.wait_for_notification(channel, timeout), listener.poke
         )
 
-    def notify(self, tx: Tx, channel: str) -> None:
-        self.sql.notify(tx, channel)
+    def notify(self, tx: Tx, channel: str, key: str = "") -> None:
+        self.sql.notify(tx, channel, key)
 
     def close(self) -> None:
         for listener in self._listeners.values():

@@ -101,8 +101,8 @@ class PostgresSql(SqlDialect):
     def in_list(self, column: str, values: Sequence[Any]) -> tuple[str, list[Any]]:
         return f"{column} = ANY(?)", [list(values)]
 
-    def notify(self, tx: Tx, channel: str) -> None:
-        tx.execute("SELECT pg_notify(?, '')", (tx.store.notify_channel(channel),))  # type: ignore[attr-defined]
+    def notify(self, tx: Tx, channel: str, key: str = "") -> None:
+        tx.execute("SELECT pg_notify(?, ?)", (tx.store.notify_channel(channel), key))  # type: ignore[attr-defined]
 
     def advisory_lock(self, tx: Tx, key: int) -> None:
         tx.execute("SELECT pg_advisory_xact_lock(?)", (key,))

@@ -55,6 +55,10 @@ class Wakeup(Protocol):
         """Wake a waiter of this process now (shutting down, or work found locally)."""
         ...
 
+    def close(self) -> None:
+        """Done waiting: let go of what the wake-up holds (a key's registration)."""
+        ...
+
 
 @functools.lru_cache(maxsize=1024)
 def to_pyformat(sql: str) -> str:
@@ -240,12 +244,24 @@ class Store(Protocol):
         """
         ...
 
-    def wakeup(self, channel: str, *, min_poll: float = 0.002, max_poll: float = 0.1) -> Wakeup:
+    def wakeup(
+        self,
+        channel: str,
+        *,
+        min_poll: float = 0.002,
+        max_poll: float = 0.1,
+        key: str | None = None,
+    ) -> Wakeup:
         """A waiter for new work on ``channel``: LISTEN/NOTIFY on PostgreSQL, a back-off poll
         (``min_poll`` doubling up to ``max_poll``) on SQLite. Use it instead of a loop of
-        your own, so that no part of homing needs to know which backend it runs on."""
+        your own, so that no part of homing needs to know which backend it runs on.
+
+        ``key``: wake only for announcements made with that key (and those made without
+        one), not for every announcement on the channel: a client waiting for its own
+        reply among many. Registered from now until ``close()``."""
         ...
 
-    def notify(self, tx: Tx, channel: str) -> None:
-        """Announce new work on ``channel`` when ``tx`` commits (nothing on SQLite)."""
+    def notify(self, tx: Tx, channel: str, key: str = "") -> None:
+        """Announce new work on ``channel`` when ``tx`` commits (nothing on SQLite);
+        ``key``: for the waiters of that key only (see ``wakeup``)."""
         ...

@@ -64,8 +64,8 @@ def _request(values: Sequence[Any] | None) -> dict[str, Any] | None:
     return None if values is None else dict(zip(REQUEST_COLUMNS, values, strict=True))
 
 
-def _notify(tx: Tx, channel: str) -> None:
-    tx.store.notify(tx, channel)
+def _notify(tx: Tx, channel: str, key: str = "") -> None:
+    tx.store.notify(tx, channel, key)
 
 
 # -- sessions ----------------------------------------------------------------------------
@@ -322,7 +322,9 @@ def enqueue_reply(
     token: str | None,
 ) -> bool:
     """Move the request from the request queue to its client's reply queue; with a
-    ``token``, only while that lease is still the request's (else nothing changes)."""
+    ``token``, only while that lease is still the request's (else nothing changes). The
+    announcement wakes that client's waiters only (``Store.wakeup(key=...)``), not every
+    client waiting for a reply."""
     sql = (
         "UPDATE homing_session_requests SET state = 'replied', reply = ?, reply_error = ?, "
         "replied_at = ?, server = ?, lease_token = NULL WHERE id = ? AND state = 'queued'"
@@ -331,10 +333,11 @@ def enqueue_reply(
     if token is not None:
         sql += " AND lease_token = ?"
         params += (token,)
-    inserted = tx.rowcount(sql, params) == 1
-    if inserted:
-        _notify(tx, REPLY_CHANNEL)
-    return inserted
+    row = tx.query_one(sql + " RETURNING client_id", params)
+    if row is None:
+        return False
+    _notify(tx, REPLY_CHANNEL, str(row[0]))
+    return True
 
 
 def release_request(
@@ -355,6 +358,25 @@ def release_request(
 
 
 # -- client (Transaction 3) --------------------------------------------------------------
+def reply_waiting(
+    tx: Tx, client_id: str, request_id: str | None
+) -> tuple[dict[str, Any] | None, bool]:
+    """The client's session (None: there is none) and whether it has a reply to take (the
+    one to ``request_id``, if given): one cheap read, no lock, before a taking
+    transaction."""
+    which = "" if request_id is None else " AND r.id = ?"
+    params: tuple[Any, ...] = (client_id,) if request_id is None else (client_id, request_id)
+    row = tx.query_one(
+        f"SELECT {_S_COLS}, EXISTS (SELECT 1 FROM homing_session_requests r WHERE "
+        f"r.client_id = ? AND r.state = 'replied'{which}) FROM homing_sessions "
+        "WHERE client_id = ?",
+        (*params, client_id),
+    )
+    if row is None:
+        return None, False
+    return _session(row[:-1]), bool(row[-1])
+
+
 def next_reply(tx: Tx, client_id: str, request_id: str | None) -> dict[str, Any] | None:
     """The client's oldest reply (or the reply to ``request_id``), locked until commit."""
     lock = tx.sql.skip_locked

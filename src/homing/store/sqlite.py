@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
 import threading
@@ -16,7 +17,7 @@ from homing.ids import job_uuid
 from homing.store._common import TxSlot, parse_bool, split_url
 from homing.store.protocol import Capabilities, Dialect, Tx, Wakeup
 from homing.store.sqlite_sql import SqliteSql
-from homing.store.wakeup import PollingWakeup
+from homing.store.wakeup import PollingWakeup, local_notices
 
 BUSY_TIMEOUT_MS = 60_000
 
@@ -70,6 +71,7 @@ class SQLiteStore:
         self._closed = False
         self._write_lock = threading.Lock()
         self._stream_index = False  # ensure_stream_index ran in this process
+        self._notices = local_notices(str(self.path.resolve()))
         parent = self.path.parent
         if str(parent) and not parent.exists():
             raise ConfigurationError(
@@ -256,11 +258,20 @@ class SQLiteStore:
         time.sleep(max(0.0, timeout))
         return False
 
-    def wakeup(self, channel: str, *, min_poll: float = 0.002, max_poll: float = 0.1) -> Wakeup:
-        return PollingWakeup(min_poll, max_poll)
+    def wakeup(
+        self,
+        channel: str,
+        *,
+        min_poll: float = 0.002,
+        max_poll: float = 0.1,
+        key: str | None = None,
+    ) -> Wakeup:
+        return self._notices.register(channel, PollingWakeup(min_poll, max_poll, key))
 
-    def notify(self, tx: Tx, channel: str) -> None:
-        """Nobody listens on SQLite: waiters poll."""
+    def notify(self, tx: Tx, channel: str, key: str = "") -> None:
+        """SQLite has no notifications between processes (their waiters poll); this
+        process's waiters are woken once ``tx`` commits."""
+        tx.call_after_commit(functools.partial(self._notices.announce, channel, key))
 
     @property
     def write_lock(self) -> threading.Lock:

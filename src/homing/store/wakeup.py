@@ -10,18 +10,23 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 
 class PollingWakeup:
-    """Sleep ``min_poll``, doubling up to ``max_poll`` while nothing is found."""
+    """Sleep ``min_poll``, doubling up to ``max_poll`` while nothing is found; woken at once
+    by an announcement made in this process (``LocalNotices``) for its channel and
+    ``key`` (or for all)."""
 
-    def __init__(self, min_poll: float, max_poll: float) -> None:
+    def __init__(self, min_poll: float, max_poll: float, key: str | None = None) -> None:
         self.min_poll = min_poll
         self.max_poll = max(min_poll, max_poll)
+        self.key = key
         self._step = min_poll
         self._poke = threading.Event()
+        self._on_close: Callable[[], None] | None = None
 
     def wait(self, timeout: float) -> bool:
         """Sleep one back-off step (at most ``timeout``); True only if ``interrupt`` woke it."""
@@ -36,13 +41,73 @@ class PollingWakeup:
     def interrupt(self) -> None:
         self._poke.set()
 
+    def close(self) -> None:
+        if self._on_close is not None:
+            self._on_close()
+            self._on_close = None
+
+
+class LocalNotices:
+    """Announcements between the threads of one process, for a store without
+    notifications (SQLite): a commit that announces work on a channel wakes this
+    process's polling waiters of that channel at once (those of its key, or all when
+    it has none). Waiters in other processes still find it at their next poll. Held
+    weakly: a wake-up nobody closes goes away with its owner."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiters: dict[str, weakref.WeakSet[PollingWakeup]] = {}
+
+    def register(self, channel: str, wakeup: PollingWakeup) -> PollingWakeup:
+        with self._lock:
+            self._waiters.setdefault(channel, weakref.WeakSet()).add(wakeup)
+
+        def forget() -> None:
+            with self._lock:
+                waiters = self._waiters.get(channel)
+                if waiters is not None:
+                    waiters.discard(wakeup)
+                    if not waiters:
+                        del self._waiters[channel]
+
+        wakeup._on_close = forget
+        return wakeup
+
+    def announce(self, channel: str, key: str = "") -> None:
+        with self._lock:
+            waiters = list(self._waiters.get(channel, ()))
+        for w in waiters:
+            if not key or w.key is None or w.key == key:
+                w.interrupt()
+
+
+_notices_lock = threading.Lock()
+_notices: weakref.WeakValueDictionary[str, LocalNotices] = weakref.WeakValueDictionary()
+
+
+def local_notices(name: str) -> LocalNotices:
+    """The announcements of one store (a file's resolved path), shared by every handle
+    this process has open on it (held by those handles: gone with the last of them)."""
+    with _notices_lock:
+        found = _notices.get(name)
+        if found is None:
+            found = _notices[name] = LocalNotices()
+        return found
+
 
 class NotifyWakeup:
-    """Block on a channel's notifications (``listen(timeout) -> notified``)."""
+    """Block on a channel's notifications (``listen(timeout) -> notified``); ``close``
+    undoes what the listener registered for this waiter (a key), if anything."""
 
-    def __init__(self, listen: Callable[[float], bool], poke: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        listen: Callable[[float], bool],
+        poke: Callable[[], None],
+        close: Callable[[], None] | None = None,
+    ) -> None:
         self._listen = listen
         self._poke = poke
+        self._close = close
 
     def wait(self, timeout: float) -> bool:
         return self._listen(max(0.0, timeout))
@@ -52,6 +117,11 @@ class NotifyWakeup:
 
     def interrupt(self) -> None:
         self._poke()
+
+    def close(self) -> None:
+        if self._close is not None:
+            self._close()
+            self._close = None
 
 
 class AnyWakeup:
@@ -78,6 +148,10 @@ class AnyWakeup:
     def interrupt(self) -> None:
         for w in self._wakeups:
             w.interrupt()
+
+    def close(self) -> None:
+        for w in self._wakeups:
+            w.close()
 
 
 class IdleWakeup:
@@ -110,3 +184,6 @@ class IdleWakeup:
 
     def interrupt(self) -> None:
         self._inner.interrupt()
+
+    def close(self) -> None:
+        self._inner.close()
