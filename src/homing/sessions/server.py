@@ -162,8 +162,35 @@ class Server:
         return True
 
     def _take(self) -> tuple[Request, str] | Literal["dead"] | None:
-        """Transaction 2a: lease the oldest due request (short; the handler is not in it).
-        A request taken ``max_attempts`` times already gets its dead reply here instead."""
+        """Transaction 2a: lease the oldest due request (short; the handler is not in it),
+        in one statement that need not reach the disk by itself (``Store.statement(
+        durable=False)``, as a job's lease): a lease lost with the database server's crash
+        is one that ran out, the request is due again and the late answer is refused; the
+        answer's durable commit makes the lease before it durable too. When the oldest due
+        request is dead (taken ``max_attempts`` times), ``_take_or_bury``."""
+        store = self.db.store
+        token = uuid7()
+        now = store.clock.now()
+        with store.statement(durable=False) as tx:
+            leased = q.lease_due_request(
+                tx,
+                self.queues,
+                now=now,
+                token=token,
+                until=now + self.lease,
+                server=self.name,
+                max_attempts=self.max_attempts,
+            )
+        if leased is None:
+            return self._take_or_bury()
+        failpoint("sessions.server_after_take")
+        rid, queue, body = leased
+        return Request(rid, queue, decode(body)), token
+
+    def _take_or_bury(self) -> tuple[Request, str] | Literal["dead"] | None:
+        """The oldest due request in a durable transaction: a request taken
+        ``max_attempts`` times already gets its dead reply here; a live one (it came due
+        since the statement of ``_take`` looked) is leased as there."""
         store = self.db.store
         with store.transaction() as tx:
             now = store.clock.now()

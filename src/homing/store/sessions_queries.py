@@ -264,6 +264,32 @@ def next_due_request(tx: Tx, queues: Sequence[str], *, now: float) -> dict[str, 
     return _request(row)
 
 
+def lease_due_request(
+    tx: Tx,
+    queues: Sequence[str],
+    *,
+    now: float,
+    token: str,
+    until: float,
+    server: str,
+    max_attempts: int,
+) -> tuple[str, str, str] | None:
+    """Lease the oldest due request of ``queues`` in one statement (counting an attempt)
+    and return its (id, queue, body); None if there is none, or if the oldest one was
+    taken ``max_attempts`` times already (it is left for ``next_due_request``, which
+    gives it its dead reply). Other servers skip the row while this statement runs."""
+    clause, params = tx.sql.in_list("queue", queues)
+    row = tx.query_one(
+        "UPDATE homing_session_requests SET attempts = attempts + 1, lease_token = ?, "
+        "available_at = ?, server = ? WHERE id = (SELECT id FROM homing_session_requests "
+        f"WHERE {clause} AND state = 'queued' AND available_at <= ? "
+        f"ORDER BY available_at, seq LIMIT 1{tx.sql.skip_locked}) "
+        "AND state = 'queued' AND attempts < ? RETURNING id, queue, body",
+        (token, until, server, *params, now, max_attempts),
+    )
+    return None if row is None else (str(row[0]), str(row[1]), str(row[2]))
+
+
 def lease_request(tx: Tx, request_id: str, *, token: str, until: float, server: str) -> None:
     """Count one attempt and lease the request to ``token`` until ``until``."""
     tx.execute(
