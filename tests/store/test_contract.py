@@ -5,6 +5,8 @@ is caught here rather than in a face's chaos test."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -282,7 +284,7 @@ def _announce(store: Store) -> None:
 def _registered_keys(store: Any, channel: str) -> set[str | None]:
     if store.capabilities.notifications:
         return set(store._listeners[store.notify_channel(channel)]._keys)
-    return {w.key for w in store._notices._waiters.get(channel, ())}
+    return {w.key for w in store._wake.local._waiters.get(channel, ())}
 
 
 def _announce_key(store: Store, channel: str, key: str) -> None:
@@ -323,6 +325,47 @@ def test_a_keyed_wakeup_wakes_for_its_key_and_for_all_only(stores: StoreFactory)
     finally:
         a.close()
         b.close()
+
+
+_WAITER = """
+import sys, time
+from homing.store import open_store
+store = open_store(sys.argv[1])
+w = store.wakeup("contract_procs", min_poll=30, max_poll=30, key="mine")
+print("ready", flush=True)
+t0 = time.monotonic()
+woke = w.wait(30)
+print(woke, round(time.monotonic() - t0, 3), flush=True)
+w.close()
+store.close()
+"""
+
+
+def test_an_announcement_wakes_a_waiter_in_another_process(stores: StoreFactory) -> None:
+    """Another process's waiter is woken by a commit's announcement, well before its poll
+    step: NOTIFY on PostgreSQL, a datagram to its socket on SQLite (``sqlite_wake``). An
+    announcement for another key does not wake it."""
+    url = stores.url("procs")
+    store = open_store(url)
+    store.migrate()
+    child = subprocess.Popen(
+        [sys.executable, "-c", _WAITER, url], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "ready"
+        time.sleep(0.3)  # the child is in its wait
+        _announce_key(store, "contract_procs", "theirs")  # not its key
+        time.sleep(0.5)
+        assert child.poll() is None  # still waiting
+        _announce_key(store, "contract_procs", "mine")
+        woke, seconds = child.stdout.readline().split()
+        assert woke == "True"
+        assert float(seconds) < 10  # its poll step is 30 s
+        assert child.wait(30) == 0
+    finally:
+        child.kill()
+        store.close()
 
 
 @pytest.mark.parametrize("backend", ["postgres"])  # the backend with notifications

@@ -17,7 +17,8 @@ from homing.ids import job_uuid
 from homing.store._common import TxSlot, parse_bool, split_url
 from homing.store.protocol import Capabilities, Dialect, Tx, Wakeup
 from homing.store.sqlite_sql import SqliteSql
-from homing.store.wakeup import PollingWakeup, local_notices
+from homing.store.sqlite_wake import store_wake
+from homing.store.wakeup import PollingWakeup
 
 BUSY_TIMEOUT_MS = 60_000
 
@@ -71,7 +72,7 @@ class SQLiteStore:
         self._closed = False
         self._write_lock = threading.Lock()
         self._stream_index = False  # ensure_stream_index ran in this process
-        self._notices = local_notices(str(self.path.resolve()))
+        self._wake = store_wake(str(self.path.resolve()))
         parent = self.path.parent
         if str(parent) and not parent.exists():
             raise ConfigurationError(
@@ -266,12 +267,14 @@ class SQLiteStore:
         max_poll: float = 0.1,
         key: str | None = None,
     ) -> Wakeup:
-        return self._notices.register(channel, PollingWakeup(min_poll, max_poll, key))
+        self._wake.listen()  # other processes' announcements, from now on
+        return self._wake.local.register(channel, PollingWakeup(min_poll, max_poll, key))
 
     def notify(self, tx: Tx, channel: str, key: str = "") -> None:
-        """SQLite has no notifications between processes (their waiters poll); this
-        process's waiters are woken once ``tx`` commits."""
-        tx.call_after_commit(functools.partial(self._notices.announce, channel, key))
+        """SQLite has no notifications: once ``tx`` commits, this process's waiters are
+        woken directly and other processes' by a datagram (``sqlite_wake``); waiters
+        still poll, for anything a datagram misses."""
+        tx.call_after_commit(functools.partial(self._wake.announce, channel, key))
 
     @property
     def write_lock(self) -> threading.Lock:

@@ -81,20 +81,6 @@ class LocalNotices:
                 w.interrupt()
 
 
-_notices_lock = threading.Lock()
-_notices: weakref.WeakValueDictionary[str, LocalNotices] = weakref.WeakValueDictionary()
-
-
-def local_notices(name: str) -> LocalNotices:
-    """The announcements of one store (a file's resolved path), shared by every handle
-    this process has open on it (held by those handles: gone with the last of them)."""
-    with _notices_lock:
-        found = _notices.get(name)
-        if found is None:
-            found = _notices[name] = LocalNotices()
-        return found
-
-
 class NotifyWakeup:
     """Block on a channel's notifications (``listen(timeout) -> notified``); ``close``
     undoes what the listener registered for this waiter (a key), if anything."""

@@ -1,0 +1,215 @@
+"""Wake-ups between the processes of one SQLite store, which has no NOTIFY of its own.
+
+A process that waits for work on a store (``SQLiteStore.wakeup``) binds a Unix datagram
+socket in a directory of that store's own, mode 0700: ``<file>-wake`` beside the database
+file (beside its ``-wal`` and ``-shm``), or, where that path would be too long for a
+socket, one under the temporary directory named after the file and the user. It is
+removed with the last socket in it. A commit that announces work
+(``SQLiteStore.notify``) wakes this process's waiters directly (``LocalNotices``) and
+sends one datagram, ``channel NUL key``, to every other socket there. The receiving
+process's thread hands it to its own ``LocalNotices``. A waiter still polls with its
+back-off: a datagram lost (a full socket buffer, another user's process, a platform
+without Unix sockets) costs at most a poll step, as before.
+
+Nothing here is trusted: a datagram only makes waiters look for work. Sockets of dead
+processes are removed by the first sender that finds them refusing.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import hashlib
+import logging
+import os
+import socket
+import tempfile
+import threading
+import weakref
+from pathlib import Path
+
+from homing.store.wakeup import LocalNotices
+
+log = logging.getLogger(__name__)
+
+MAX_DATAGRAM = 512  # channel and key names are short identifiers
+_RECV_TIMEOUT_S = 1.0  # how often an idle receiver checks that its store is still open
+
+
+_MAX_SOCKET_PATH = 100  # sun_path holds 104-108 bytes, with its NUL
+_SOCKET_NAME_LEN = 30  # "<pid>-<8 hex>.sock" and the separator
+
+
+def wake_dir(db_path: str) -> Path:
+    """The store's socket directory (see the module's docstring): every process of the
+    store derives the same one from the file's resolved path."""
+    beside = db_path + "-wake"
+    if len(beside.encode()) + _SOCKET_NAME_LEN <= _MAX_SOCKET_PATH:
+        return Path(beside)
+    digest = hashlib.sha256(db_path.encode()).hexdigest()[:20]
+    return Path(tempfile.gettempdir()) / f"homing-wake-{os.getuid()}-{digest}"
+
+
+def _sweep(directory: Path) -> None:
+    """Remove the sockets of processes that no longer exist (killed ones leave theirs)."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        pid_text = name.split("-", 1)[0]
+        if not name.endswith(".sock") or not pid_text.isdigit():
+            continue
+        try:
+            os.kill(int(pid_text), 0)
+        except ProcessLookupError:
+            with contextlib.suppress(OSError):
+                os.unlink(directory / name)
+        except OSError:
+            pass  # it exists (another user's), or we cannot tell: leave it
+
+
+class StoreWake:
+    """One store file's announcements in this process: local waiters, and the other
+    processes' sockets. Shared by every handle this process has open on the file."""
+
+    def __init__(self, db_path: str) -> None:
+        self.local = LocalNotices()
+        self.dir = wake_dir(db_path)
+        self._lock = threading.Lock()
+        self._pid = 0  # the process that made the sockets below (a fork makes new ones)
+        self._sender: socket.socket | None = None
+        self._receiver: socket.socket | None = None
+        self._own = ""  # our socket's name in self.dir, once listening
+        self._cannot_listen = False  # binding failed in this process: its waiters poll
+
+    # -- sending -------------------------------------------------------------------------
+    def announce(self, channel: str, key: str = "") -> None:
+        """After a commit: wake this process's waiters, then the other processes'."""
+        self.local.announce(channel, key)
+        try:
+            names = os.listdir(self.dir)
+        except OSError:
+            return  # nobody listens (no directory yet), or it cannot be read: they poll
+        sender = self._sockets_for_this_process()[0]
+        if sender is None:
+            return
+        message = f"{channel}\0{key}".encode()[:MAX_DATAGRAM]
+        for name in names:
+            if name == self._own or not name.endswith(".sock"):
+                continue
+            path = str(self.dir / name)
+            try:
+                sender.sendto(message, path)
+            except (ConnectionRefusedError, FileNotFoundError):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)  # its process is gone
+            except OSError:
+                pass  # a full buffer: that process has wake-ups waiting already
+
+    # -- receiving -----------------------------------------------------------------------
+    def listen(self) -> None:
+        """Receive the other processes' announcements from now on (once per process)."""
+        self._sockets_for_this_process(listen=True)
+
+    def _sockets_for_this_process(
+        self, listen: bool = False
+    ) -> tuple[socket.socket | None, socket.socket | None]:
+        with self._lock:
+            if self._pid != os.getpid():  # first use, or a forked child: its own sockets
+                self._pid = os.getpid()
+                self._sender = self._receiver = None
+                self._own = ""
+                self._cannot_listen = False
+                try:
+                    self._sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                    self._sender.setblocking(False)
+                except (OSError, AttributeError):  # no Unix sockets here: waiters poll
+                    self._sender = None
+            if listen and self._receiver is None and self._sender is not None:
+                if not self._cannot_listen:
+                    self._start_receiver()
+            return self._sender, self._receiver
+
+    def _start_receiver(self) -> None:
+        name = f"{os.getpid()}-{os.urandom(4).hex()}.sock"
+        receiver = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        error = self._bind(receiver, name)
+        if error is not None:
+            receiver.close()
+            self._cannot_listen = True
+            log.info("SQLite wake-ups between processes are off (%s): waiters poll", error)
+            return
+        receiver.settimeout(_RECV_TIMEOUT_S)
+        _sweep(self.dir)
+        self._receiver, self._own = receiver, name
+        atexit.register(_leave, str(self.dir / name), os.getpid())  # daemon threads get no finally
+        threading.Thread(
+            target=_receive,
+            args=(weakref.ref(self), receiver, str(self.dir / name), os.getpid()),
+            name="homing-sqlite-wake",
+            daemon=True,
+        ).start()
+
+    def _bind(self, receiver: socket.socket, name: str) -> OSError | None:
+        error: OSError | None = None
+        for _ in range(3):
+            try:
+                self.dir.mkdir(mode=0o700, exist_ok=True)
+                receiver.bind(str(self.dir / name))
+                return None
+            except FileNotFoundError as exc:
+                error = exc  # the last process leaving removed the directory meanwhile
+            except OSError as exc:
+                return exc
+        return error
+
+
+def _leave(path: str, pid: int) -> None:
+    """Remove this process's socket (and the directory, if it was the last one); a forked
+    child inherits the handler, and leaves its parent's socket alone."""
+    if os.getpid() != pid:
+        return
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+    with contextlib.suppress(OSError):
+        os.rmdir(os.path.dirname(path))
+
+
+def _receive(
+    owner: weakref.ref[StoreWake], receiver: socket.socket, path: str, pid: int
+) -> None:
+    """Hand datagrams to the store's local waiters until the store is gone (every handle
+    closed and collected) or the process forked away from this thread."""
+    try:
+        while True:
+            try:
+                data = receiver.recv(MAX_DATAGRAM)
+            except TimeoutError:
+                data = None
+            except OSError:
+                return
+            wake = owner()
+            if wake is None or wake._pid != pid:
+                return
+            if data:
+                channel, _, key = data.decode("utf-8", "replace").partition("\0")
+                wake.local.announce(channel, key)
+            del wake
+    finally:
+        receiver.close()
+        _leave(path, pid)
+
+
+_lock = threading.Lock()
+_by_path: weakref.WeakValueDictionary[str, StoreWake] = weakref.WeakValueDictionary()
+
+
+def store_wake(db_path: str) -> StoreWake:
+    """The announcements of one store file in this process (held by its open handles:
+    gone with the last of them)."""
+    with _lock:
+        found = _by_path.get(db_path)
+        if found is None:
+            found = _by_path[db_path] = StoreWake(db_path)
+        return found

@@ -1,0 +1,68 @@
+"""SQLite's wake-ups between processes (``homing.store.sqlite_wake``): what they leave on
+disk. That a waiter in another process is woken is a contract test of both stores
+(tests/store/test_contract.py::test_an_announcement_wakes_a_waiter_in_another_process)."""
+
+from __future__ import annotations
+
+import gc
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from homing.store.sqlite_wake import StoreWake, wake_dir
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def _stale_socket(directory: Path, pid: int) -> Path:
+    """A socket file whose process is gone: it refuses datagrams."""
+    directory.mkdir(mode=0o700, exist_ok=True)
+    path = directory / f"{pid}-deadbeef.sock"
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.bind(str(path))
+    s.close()
+    return path
+
+
+def eventually(check, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_the_directory_sits_beside_the_file_unless_its_path_is_too_long() -> None:
+    short = "/srv/app/homing.db"  # paths only: nothing is made
+    assert wake_dir(short) == Path(short + "-wake")
+    long = "/srv/" + "x" * 120 + "/homing.db"
+    assert not str(wake_dir(long)).startswith(long)
+    assert len(str(wake_dir(long))) < 80 and wake_dir(long) == wake_dir(long)
+
+
+def test_dead_processes_sockets_are_swept_and_the_last_one_out_removes_the_directory(
+    tmp_path: Path,
+) -> None:
+    db = str(tmp_path / "store.db")
+    directory = wake_dir(db)
+    swept_at_start = _stale_socket(directory, _dead_pid())
+    wake = StoreWake(db)
+    wake.listen()  # binds this process's socket and sweeps the dead ones
+    assert not swept_at_start.exists()
+    ours = [n for n in os.listdir(directory) if n.startswith(f"{os.getpid()}-")]
+    assert len(ours) == 1
+    refusing = _stale_socket(directory, _dead_pid())
+    wake.announce("chan", "key")  # a sender that meets a refusing socket removes it
+    assert not refusing.exists()
+    assert (directory / ours[0]).exists()  # not its own
+    del wake
+    gc.collect()  # every handle of the store gone: its receiver leaves within a second
+    assert eventually(lambda: not directory.exists())
