@@ -40,12 +40,13 @@ def eventually(check, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped
     return True
 
 
-def test_the_directory_sits_beside_the_file_unless_its_path_is_too_long() -> None:
-    short = "/srv/app/homing.db"  # paths only: nothing is made
-    assert wake_dir(short) == Path(short + "-wake")
-    long = "/srv/" + "x" * 120 + "/homing.db"
-    assert not str(wake_dir(long)).startswith(long)
-    assert len(str(wake_dir(long))) < 80 and wake_dir(long) == wake_dir(long)
+def test_the_directory_is_short_per_file_and_per_user_and_not_beside_the_file() -> None:
+    path = "/srv/" + "x" * 120 + "/homing.db"  # paths only: nothing is made
+    directory = wake_dir(path)
+    assert directory == wake_dir(path) != wake_dir("/srv/other.db")
+    assert f"-{os.getuid()}-" in directory.name
+    assert not str(directory).startswith("/srv/")  # `rm homing.db*` must not meet it
+    assert len(str(directory)) + len("/99999999-deadbeef.sock") < 100  # a socket path
 
 
 def test_dead_processes_sockets_are_swept_and_the_last_one_out_removes_the_directory(

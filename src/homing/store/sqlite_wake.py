@@ -1,10 +1,9 @@
 """Wake-ups between the processes of one SQLite store, which has no NOTIFY of its own.
 
 A process that waits for work on a store (``SQLiteStore.wakeup``) binds a Unix datagram
-socket in a directory of that store's own, mode 0700: ``<file>-wake`` beside the database
-file (beside its ``-wal`` and ``-shm``), or, where that path would be too long for a
-socket, one under the temporary directory named after the file and the user. It is
-removed with the last socket in it. A commit that announces work
+socket in a directory of that store's own, mode 0700, under the temporary directory and
+named after the user and the database file's resolved path; it is removed with the last
+socket in it. A commit that announces work
 (``SQLiteStore.notify``) wakes this process's waiters directly (``LocalNotices``) and
 sends one datagram, ``channel NUL key``, to every other socket there. The receiving
 process's thread hands it to its own ``LocalNotices``. A waiter still polls with its
@@ -36,16 +35,11 @@ MAX_DATAGRAM = 512  # channel and key names are short identifiers
 _RECV_TIMEOUT_S = 1.0  # how often an idle receiver checks that its store is still open
 
 
-_MAX_SOCKET_PATH = 100  # sun_path holds 104-108 bytes, with its NUL
-_SOCKET_NAME_LEN = 30  # "<pid>-<8 hex>.sock" and the separator
-
-
 def wake_dir(db_path: str) -> Path:
     """The store's socket directory (see the module's docstring): every process of the
-    store derives the same one from the file's resolved path."""
-    beside = db_path + "-wake"
-    if len(beside.encode()) + _SOCKET_NAME_LEN <= _MAX_SOCKET_PATH:
-        return Path(beside)
+    store derives the same one from the file's resolved path. Not beside the file: a
+    directory there would meet every ``rm app.db*`` and be too long for a socket path
+    (about 100 bytes) in deep directories."""
     digest = hashlib.sha256(db_path.encode()).hexdigest()[:20]
     return Path(tempfile.gettempdir()) / f"homing-wake-{os.getuid()}-{digest}"
 
@@ -118,6 +112,9 @@ class StoreWake:
         with self._lock:
             if self._pid != os.getpid():  # first use, or a forked child: its own sockets
                 self._pid = os.getpid()
+                for inherited in (self._sender, self._receiver):
+                    if inherited is not None:  # the parent's, copied by fork: ours to close
+                        inherited.close()
                 self._sender = self._receiver = None
                 self._own = ""
                 self._cannot_listen = False
