@@ -114,27 +114,16 @@ class Session:
         """
         request, text = self._new_request(queue, body, request_id)
         with self._store.transaction() as tx:
-            now = self.sessions.clock.now()
-            # the lock and the LastRequest in one statement: a check below that fails
-            # rolls the LastRequest back with the rest
-            self._check(
-                q.lock_session_setting_last_request(
-                    tx,
-                    self.client_id,
-                    now=now,
-                    request_id=request.id,
-                    queue=request.queue,
-                    body=text,
-                )
-            )
-            existing, prepared = q.request_and_prepared_count(tx, request.id, self.client_id)
+            self._lock(tx)
+            existing = q.get_request(tx, request.id)
             if existing is not None:
                 raise self._duplicate(existing)
-            if prepared >= MAX_PREPARED:
+            if q.count_prepared(tx, self.client_id) >= MAX_PREPARED:
                 raise TooManyPrepared(
                     f"client {self.client_id!r} has {MAX_PREPARED} prepared requests not yet "
                     "submitted; enqueue, resubmit or drop some (recover() lists them, state A)"
                 )
+            now = self.sessions.clock.now()
             if not q.insert_prepared(
                 tx,
                 request_id=request.id,
@@ -147,6 +136,7 @@ class Session:
                     f"request {request.id!r} is prepared already (state A); use a new id, "
                     "or resubmit it"
                 )
+            q.set_last_request(tx, self.client_id, request.id, request.queue, text, now)
         failpoint("sessions.after_request_prepared")
         return request
 
@@ -160,24 +150,20 @@ class Session:
             raise InvalidArgument(f"enqueue takes a Request (from prepare), got {request!r}")
         checked, text = self._new_request(request.queue, request.body, request.id)
         with self._store.transaction() as tx:
-            now = self.sessions.clock.now()
-            self._check(  # the lock and LastEnqueuedID in one statement (see prepare)
-                q.lock_session_setting_last_enqueued(
-                    tx, self.client_id, now=now, request_id=checked.id
-                )
-            )
+            self._lock(tx)
             if not q.insert_request(
                 tx,
                 request_id=checked.id,
                 client_id=self.client_id,
                 queue=checked.queue,
                 body=text,
-                now=now,
+                now=self.sessions.clock.now(),
             ):
                 existing = q.get_request(tx, checked.id)
                 assert existing is not None
                 raise self._duplicate(existing)
             q.delete_prepared(tx, self.client_id, checked.id)
+            q.set_last_enqueued(tx, self.client_id, checked.id)
         failpoint("sessions.after_request_enqueued")
         return checked
 
@@ -308,13 +294,15 @@ class Session:
         with self.sessions.db.transaction() as txn:
             tx = txn.tx
             s = self._lock(tx)
-            now = self.sessions.clock.now()
-            row = q.take_next_reply(tx, self.client_id, request_id, now=now)
+            row = q.next_reply(tx, self.client_id, request_id)
             if row is None:
                 return None
+            now = self.sessions.clock.now()
+            if not q.take_reply(tx, str(row["id"]), now=now):
+                return None  # pragma: no cover - the row is locked by next_reply
             q.set_last_dequeued(tx, self.client_id, str(row["id"]))
             q.trim_remembered(tx, self.client_id, int(s["keep_replies"]))
-            reply = reply_of(row)
+            reply = reply_of({**row, "taken_at": now})
             if handler is not None:
                 handler(reply, txn)
             failpoint("sessions.client_before_reply_commit")

@@ -111,34 +111,6 @@ def lock_session(tx: Tx, client_id: str, *, now: float) -> dict[str, Any] | None
     )
 
 
-def lock_session_setting_last_request(
-    tx: Tx, client_id: str, *, now: float, request_id: str, queue: str, body: str
-) -> dict[str, Any] | None:
-    """``lock_session`` and ``set_last_request`` in one statement (Transaction 0): the
-    caller's checks come after, and one that fails rolls both back with the transaction."""
-    return _session(
-        tx.query_one(
-            "UPDATE homing_sessions SET active_at = ?, last_request_id = ?, "
-            "last_request_queue = ?, last_request_body = ?, last_request_at = ? "
-            f"WHERE client_id = ? RETURNING {_S_COLS}",
-            (now, request_id, queue, body, now, client_id),
-        )
-    )
-
-
-def lock_session_setting_last_enqueued(
-    tx: Tx, client_id: str, *, now: float, request_id: str
-) -> dict[str, Any] | None:
-    """``lock_session`` and LastEnqueuedID in one statement (Transaction 1)."""
-    return _session(
-        tx.query_one(
-            "UPDATE homing_sessions SET active_at = ?, last_enqueued_id = ? "
-            f"WHERE client_id = ? RETURNING {_S_COLS}",
-            (now, request_id, client_id),
-        )
-    )
-
-
 def set_last_request(
     tx: Tx, client_id: str, request_id: str | None, queue: str | None, body: str | None, now: float
 ) -> bool:
@@ -150,6 +122,13 @@ def set_last_request(
             (request_id, queue, body, now if request_id is not None else None, client_id),
         )
         == 1
+    )
+
+
+def set_last_enqueued(tx: Tx, client_id: str, request_id: str) -> None:
+    tx.execute(
+        "UPDATE homing_sessions SET last_enqueued_id = ? WHERE client_id = ?",
+        (request_id, client_id),
     )
 
 
@@ -194,20 +173,11 @@ def list_prepared(tx: Tx, client_id: str) -> list[dict[str, Any]]:
     return [dict(zip(PREPARED_COLUMNS, r, strict=True)) for r in rows]
 
 
-def request_and_prepared_count(
-    tx: Tx, request_id: str, client_id: str
-) -> tuple[dict[str, Any] | None, int]:
-    """The request ``request_id`` if it exists, and how many prepared requests the client
-    has: Transaction 0's two checks in one statement."""
-    cols = ", ".join(f"r.{c}" for c in REQUEST_COLUMNS)
+def count_prepared(tx: Tx, client_id: str) -> int:
     row = tx.query_one(
-        f"SELECT (SELECT COUNT(*) FROM homing_session_prepared WHERE client_id = ?), {cols} "
-        "FROM (SELECT 1 AS one) AS one LEFT JOIN homing_session_requests r ON r.id = ?",
-        (client_id, request_id),
+        "SELECT COUNT(*) FROM homing_session_prepared WHERE client_id = ?", (client_id,)
     )
-    assert row is not None  # one row always: the LEFT JOIN of a one-row table
-    existing = None if row[2] is None else _request(row[1:])  # r.id is NOT NULL
-    return existing, int(row[0])
+    return int(row[0]) if row else 0
 
 
 def delete_prepared(tx: Tx, client_id: str, request_id: str) -> bool:
@@ -451,30 +421,14 @@ def next_reply(tx: Tx, client_id: str, request_id: str | None) -> dict[str, Any]
     return _request(row)
 
 
-def take_next_reply(
-    tx: Tx, client_id: str, request_id: str | None, *, now: float
-) -> dict[str, Any] | None:
-    """``next_reply`` and ``take_reply`` in one statement: the client's oldest reply (or
-    the reply to ``request_id``) marked taken and remembered; its row, as taken."""
-    lock = tx.sql.skip_locked
-    if request_id is None:
-        pick = (
-            "SELECT id FROM homing_session_requests WHERE client_id = ? AND state = 'replied' "
-            f"ORDER BY replied_at, seq LIMIT 1{lock}"
-        )
-        params: tuple[Any, ...] = (client_id,)
-    else:
-        pick = (
-            "SELECT id FROM homing_session_requests WHERE client_id = ? AND id = ? "
-            f"AND state = 'replied'{lock}"
-        )
-        params = (client_id, request_id)
-    return _request(
-        tx.query_one(
+def take_reply(tx: Tx, request_id: str, *, now: float) -> bool:
+    return (
+        tx.rowcount(
             "UPDATE homing_session_requests SET state = 'taken', taken_at = ?, remembered = 1 "
-            f"WHERE id = ({pick}) AND state = 'replied' RETURNING {_R_COLS}",
-            (now, *params),
+            "WHERE id = ? AND state = 'replied'",
+            (now, request_id),
         )
+        == 1
     )
 
 
