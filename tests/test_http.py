@@ -23,7 +23,6 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 import homing
-import homing.http.sender as sender_module
 from homing.http import (
     AsyncSender,
     DeadlineExceeded,
@@ -36,6 +35,7 @@ from homing.http import (
     wire,
 )
 from homing.http.testing import serve_in_thread
+from tests.http_reads import outbox_reads
 
 LOCAL = ["127.0.0.1"]
 FAST = RetryPolicy(initial=0.02, maximum=0.2)
@@ -292,17 +292,7 @@ def test_a_delivered_send_is_not_read_back(pair: Pair, monkeypatch: pytest.Monke
     so with the wake-up, so the caller returns without reading the outbox row (it read it
     twice a message before: once right after storing it, once when woken). Every message
     still has its effect, once."""
-    polls: list[str] = []
-    real_poll = Sender.poll
-
-    def counted(self: Sender, msg_id: str) -> tuple[bool, Any]:
-        polls.append(msg_id)
-        return real_poll(self, msg_id)
-
-    monkeypatch.setattr(Sender, "poll", counted)
-    # a read only if no wake-up came for 5 s (not the 0.25 s of production), so that a
-    # loaded machine's slow delivery is not mistaken for a read back
-    monkeypatch.setattr(sender_module, "POLL_S", 5.0)
+    polls = outbox_reads(monkeypatch)
     n = 40
 
     async def main() -> list[Any]:
@@ -328,17 +318,7 @@ def test_a_synchronous_send_is_not_read_back(
     storing the message, as ``AsyncSender`` does: its first wait is for the wake-up, not a
     read of the row it just stored, and a delivered send is not read back at all (it read
     each row once before). Every message has its effect, once."""
-    polls: list[str] = []
-    real_poll = Sender.poll
-
-    def counted(self: Sender, msg_id: str) -> tuple[bool, Any]:
-        polls.append(msg_id)
-        return real_poll(self, msg_id)
-
-    monkeypatch.setattr(Sender, "poll", counted)
-    # a read only if no wake-up came for 5 s (not the 0.25 s of production), so that a
-    # loaded machine's slow delivery is not mistaken for a read back
-    monkeypatch.setattr(sender_module, "POLL_S", 5.0)
+    polls = outbox_reads(monkeypatch)
     n = 20
     with pair.sender() as sender:
         for i in range(n):

@@ -16,9 +16,9 @@ import httpx
 import pytest
 
 import homing
-import homing.http.sender as sender_module
 from homing.http import AsyncSender, Receiver, RetryPolicy, Sender, batch_wire, wire
 from homing.http.testing import serve_in_thread
+from tests.http_reads import outbox_reads
 
 FAST = RetryPolicy(initial=0.05, maximum=0.5)
 LOCAL = ["127.0.0.1"]
@@ -137,17 +137,7 @@ def test_a_send_delivered_in_a_batch_is_not_read_back(
     """The batched dispatcher says a delivered send is delivered with the wake-up, as the
     one-message path does: ``AsyncSender.send`` returns without reading its outbox row
     (it read each at least once before). Every message has its effect, once."""
-    polls: list[str] = []
-    real_poll = Sender.poll
-
-    def counted(self: Sender, msg_id: str) -> tuple[bool, Any]:
-        polls.append(msg_id)
-        return real_poll(self, msg_id)
-
-    monkeypatch.setattr(Sender, "poll", counted)
-    # a read only if no wake-up came for 5 s (not the 0.25 s of production), so that a
-    # loaded machine's slow delivery is not mistaken for a read back
-    monkeypatch.setattr(sender_module, "POLL_S", 5.0)
+    polls = outbox_reads(monkeypatch)
     n = 64
 
     async def main() -> list[Any]:

@@ -211,15 +211,18 @@ class Sender:
     ) -> Pending:
         """Store one message in the outbox (in ``tx`` if given) and return its handle."""
         msg = self._new(kind, url, body, local_url, content_type, headers, method)
-        raw = tx.tx if isinstance(tx, Transaction) else tx
-        if raw is not None:
-            self._insert_many(raw, [msg])
-            raw.call_after_commit(lambda: failpoint("http.sender.after_outbox_insert"))
-        else:
-            with self.db.store.transaction() as own:
-                self._insert_many(own, [msg])
-            failpoint("http.sender.after_outbox_insert")
+        self._store(msg, tx.tx if isinstance(tx, Transaction) else tx)
         return Pending(msg.id, kind, self)
+
+    def _store(self, msg: q.NewOutgoing, tx: Tx | None) -> None:
+        """Insert ``msg`` in ``tx`` (the caller commits), or in a transaction of its own."""
+        if tx is not None:
+            self._insert_many(tx, [msg])
+            tx.call_after_commit(lambda: failpoint("http.sender.after_outbox_insert"))
+            return
+        with self.db.store.transaction() as own:
+            self._insert_many(own, [msg])
+        failpoint("http.sender.after_outbox_insert")
 
     def _new(
         self,
@@ -293,26 +296,17 @@ class Sender:
         headers: Mapping[str, str] | None = None,
         method: str = "POST",
     ) -> Any:
-        if tx is not None or self.db.store.in_transaction() is not None:
-            return self.enqueue(  # the caller commits; then pending.wait()
-                kind,
-                url,
-                body,
-                local_url=local_url,
-                content_type=content_type,
-                tx=tx if tx is not None else self.db.store.in_transaction(),
-                headers=headers,
-                method=method,
-            )
+        joined = tx if tx is not None else self.db.store.in_transaction()
         msg = self._new(kind, url, body, local_url, content_type, headers, method)
+        if joined is not None:  # the caller commits; then pending.wait()
+            self._store(msg, joined.tx if isinstance(joined, Transaction) else joined)
+            return Pending(msg.id, kind, self)
         # Registered before the row exists: no outcome recorded in this process is missed,
         # and the first read waits for one instead of finding the message just stored.
         woken = threading.Event()
         waiters.add(msg.id, woken.set)
         try:
-            with self.db.store.transaction() as own:
-                self._insert_many(own, [msg])
-            failpoint("http.sender.after_outbox_insert")
+            self._store(msg, None)
             return self.wait(msg.id, timeout=timeout, woken=woken)
         finally:
             waiters.remove(msg.id, woken.set)

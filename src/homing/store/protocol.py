@@ -253,7 +253,7 @@ class Store(Protocol):
         key: str | None = None,
     ) -> Wakeup:
         """A waiter for new work on ``channel``: LISTEN/NOTIFY on PostgreSQL, a back-off poll
-        (``min_poll`` doubling up to ``max_poll``) on SQLite. Use it instead of a loop of
+        (``min_poll`` doubling up to ``max_poll``) cut short by announcements on SQLite. Use it instead of a loop of
         your own, so that no part of homing needs to know which backend it runs on.
 
         ``key``: wake only for announcements made with that key (and those made without
@@ -262,6 +262,7 @@ class Store(Protocol):
         ...
 
     def notify(self, tx: Tx, channel: str, key: str = "") -> None:
-        """Announce new work on ``channel`` when ``tx`` commits (nothing on SQLite);
-        ``key``: for the waiters of that key only (see ``wakeup``)."""
+        """Announce new work on ``channel`` when ``tx`` commits (NOTIFY on PostgreSQL; on
+        SQLite this process's waiters directly and other processes' by datagram, see
+        ``sqlite_wake``); ``key``: for the waiters of that key only (see ``wakeup``)."""
         ...

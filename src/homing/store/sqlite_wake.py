@@ -85,7 +85,7 @@ class StoreWake:
             names = os.listdir(self.dir)
         except OSError:
             return  # nobody listens (no directory yet), or it cannot be read: they poll
-        sender = self._sockets_for_this_process()[0]
+        sender = self._sender_for_this_process()
         if sender is None:
             return
         message = f"{channel}\0{key}".encode()[:MAX_DATAGRAM]
@@ -104,11 +104,11 @@ class StoreWake:
     # -- receiving -----------------------------------------------------------------------
     def listen(self) -> None:
         """Receive the other processes' announcements from now on (once per process)."""
-        self._sockets_for_this_process(listen=True)
+        self._sender_for_this_process(listen=True)
 
-    def _sockets_for_this_process(
-        self, listen: bool = False
-    ) -> tuple[socket.socket | None, socket.socket | None]:
+    def _sender_for_this_process(self, listen: bool = False) -> socket.socket | None:
+        """This process's sending socket (None: no Unix sockets here), made after a fork
+        anew; with ``listen``, its receiving socket and thread too, once."""
         with self._lock:
             if self._pid != os.getpid():  # first use, or a forked child: its own sockets
                 self._pid = os.getpid()
@@ -126,7 +126,7 @@ class StoreWake:
             if listen and self._receiver is None and self._sender is not None:
                 if not self._cannot_listen:
                     self._start_receiver()
-            return self._sender, self._receiver
+            return self._sender
 
     def _start_receiver(self) -> None:
         name = f"{os.getpid()}-{os.urandom(4).hex()}.sock"
@@ -140,7 +140,8 @@ class StoreWake:
         receiver.settimeout(_RECV_TIMEOUT_S)
         _sweep(self.dir)
         self._receiver, self._own = receiver, name
-        atexit.register(_leave, str(self.dir / name), os.getpid())  # daemon threads get no finally
+        with _lock:  # daemon threads get no finally: the exit handler removes it
+            _listening[str(self.dir / name)] = os.getpid()
         threading.Thread(
             target=_receive,
             args=(weakref.ref(self), receiver, str(self.dir / name), os.getpid()),
@@ -164,13 +165,22 @@ class StoreWake:
 
 def _leave(path: str, pid: int) -> None:
     """Remove this process's socket (and the directory, if it was the last one); a forked
-    child inherits the handler, and leaves its parent's socket alone."""
+    child inherits the registry, and leaves its parent's sockets alone."""
+    with _lock:
+        _listening.pop(path, None)
     if os.getpid() != pid:
         return
     with contextlib.suppress(OSError):
         os.unlink(path)
     with contextlib.suppress(OSError):
         os.rmdir(os.path.dirname(path))
+
+
+def _leave_all() -> None:
+    with _lock:
+        sockets = list(_listening.items())
+    for path, pid in sockets:
+        _leave(path, pid)
 
 
 def _receive(
@@ -200,6 +210,9 @@ def _receive(
 
 _lock = threading.Lock()
 _by_path: weakref.WeakValueDictionary[str, StoreWake] = weakref.WeakValueDictionary()
+# This process's bound sockets (path -> pid), removed at exit: one entry a live receiver.
+_listening: dict[str, int] = {}
+atexit.register(_leave_all)
 
 
 def store_wake(db_path: str) -> StoreWake:
