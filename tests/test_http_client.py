@@ -82,6 +82,54 @@ def test_keepalive_reuse_and_headers() -> None:
     run(main())
 
 
+def test_before_send_runs_once_connected_and_can_stop_the_request() -> None:
+    """The dispatcher's rate-limit gate: awaited once a connection is made and before the
+    request is written, once a request (not again on the stale-connection retry); what it
+    raises ends the request unsent and gives the connection back to the pool."""
+    requests: list[int] = []  # the connection each request line came on
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = len(conns)
+        while await read_request(reader) is not None:
+            requests.append(conn)
+            if conn == 1 and len(requests) == 3:  # the server gave the connection up
+                return
+            writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+            await writer.drain()
+
+    class Stop(Exception):
+        pass
+
+    seen: list[tuple[int, int]] = []
+
+    async def gate() -> None:
+        await asyncio.sleep(0.01)  # let the server see what was written so far
+        seen.append((len(conns), len(requests)))
+
+    async def refuse() -> None:
+        raise Stop
+
+    async def main() -> None:
+        nonlocal conns
+        server, port, conns = await serve(handler)
+        url = f"http://127.0.0.1:{port}/x"
+        async with server, Client(max_connections=1, timeout=5) as client:
+            assert (await client.request("POST", url, before_send=gate)).status_code == 204
+            assert seen == [(1, 0)]  # connected, nothing written yet
+            with pytest.raises(Stop):
+                await client.request("POST", url, before_send=refuse)
+            assert requests == [1]  # not sent; and its connection is free again (1 max)
+            assert (await client.request("POST", url, before_send=gate)).status_code == 204
+            assert seen == [(1, 0), (1, 1)] and requests == [1, 1]
+            # the server drops the kept-alive connection: sent again on a new one, the
+            # gate not asked again
+            assert (await client.request("POST", url, before_send=gate)).status_code == 204
+            assert seen == [(1, 0), (1, 1), (1, 2)] and requests == [1, 1, 1, 2]
+
+    conns: list[int] = []
+    run(main())
+
+
 def test_chunked_and_until_close_bodies_and_redirect_not_followed() -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         req = await read_request(reader)

@@ -22,6 +22,10 @@ the project uses the library made for the job. What this layer adds:
   guarded client's hook (``_netguard.pinning``) checks the address and pins it (DNS
   rebinding), and may raise ``RefusedAddress``. aiohttp does not resolve IP literals, so
   for those the hook is called before each request (it checks, there is nothing to pin);
+- ``before_send``: an async hook a request may carry, awaited once a connection is in hand
+  and before anything is written (the dispatcher takes an endpoint's rate-limit token
+  there, so the time a new connection takes does not bunch requests up at the server);
+  whatever it raises ends the request unsent, the connection going back to the pool;
 - a request on a kept-alive connection that the server closed before answering (its
   close had not reached us yet: a disconnect or a socket error, no answer) is sent once
   more on a new connection, for every method; aiohttp itself retries only idempotent ones.
@@ -152,9 +156,22 @@ class _HookResolver(AbstractResolver):
             await self._dns.close()
 
 
-# Set by ``Client._send`` for the connector to report whether the request's connection
-# was used before (the stale-connection retry); cheaper than an aiohttp trace.
-_REUSED: ContextVar[list[bool] | None] = ContextVar("homing_http_reused", default=None)
+BeforeSend = Callable[[], Awaitable[None]]
+
+
+class _Sending:
+    """One request's state shared with the connector: whether its connection was used
+    before (the stale-connection retry) and the hook to run before it is written."""
+
+    __slots__ = ("reused", "before_send")
+
+    def __init__(self, before_send: BeforeSend | None) -> None:
+        self.reused = False
+        self.before_send = before_send
+
+
+# Set by ``Client._send`` for the connector; cheaper than an aiohttp trace.
+_SENDING: ContextVar[_Sending | None] = ContextVar("homing_http_sending", default=None)
 
 
 class _Request(aiohttp.ClientRequest):
@@ -178,14 +195,20 @@ class _Connector(aiohttp.TCPConnector):
         self, req: aiohttp.ClientRequest, traces: list[Any], timeout: aiohttp.ClientTimeout
     ) -> Connection:
         conn = await super().connect(req, traces, timeout)
+        sending = _SENDING.get()
         proto = conn.protocol
         if proto is not None:
-            if proto in self._used:
-                flag = _REUSED.get()
-                if flag is not None:
-                    flag[0] = True
-            else:
+            if proto not in self._used:
                 self._used.add(proto)
+            elif sending is not None:
+                sending.reused = True
+        if sending is not None and sending.before_send is not None:
+            hook, sending.before_send = sending.before_send, None  # once, not on a retry
+            try:
+                await hook()
+            except BaseException:
+                conn.release()  # nothing was written on it
+                raise
         return conn
 
 
@@ -247,7 +270,9 @@ class Client:
         *,
         content: bytes = b"",
         headers: Mapping[str, str] | None = None,
+        before_send: BeforeSend | None = None,
     ) -> Response:
+        """One request and its whole answer; ``before_send``: see the module docstring."""
         if self._closed:
             raise HttpError("the client is closed")
         literal = _ip_literal_host(url)
@@ -263,10 +288,11 @@ class Client:
         else:
             await self._slots.acquire()
         try:
+            sending = _Sending(before_send)
             try:
-                return await self._send(method, url, content, sent)
+                return await self._send(method, url, content, sent, sending)
             except _StaleConnection:  # once more, on a new connection
-                return await self._send(method, url, content, sent, retry=False)
+                return await self._send(method, url, content, sent, sending, retry=False)
         finally:
             self._slots.release()
 
@@ -277,11 +303,17 @@ class Client:
         return await self.request("GET", url, headers=headers)
 
     async def _send(
-        self, method: str, url: str, body: bytes, headers: Mapping[str, str], retry: bool = True
+        self,
+        method: str,
+        url: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        sending: _Sending,
+        retry: bool = True,
     ) -> Response:
         session = self._session or self._open_session()
-        reused = [False]
-        token = _REUSED.set(reused)
+        sending.reused = False
+        token = _SENDING.set(sending)
         try:
             async with session.request(
                 method,
@@ -302,13 +334,13 @@ class Client:
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
             if isinstance(exc, aiohttp.ClientConnectorError):
                 raise _mapped(exc, url, self.timeout) from exc
-            if retry and reused[0]:  # the same rule as aiohttp's for idempotent methods
+            if retry and sending.reused:  # the same rule as aiohttp's for idempotent methods
                 raise _StaleConnection from exc
             raise RemoteProtocolError(f"no answer from {url[:200]}: {exc}") from exc
         except Exception as exc:
             raise _mapped(exc, url, self.timeout) from exc
         finally:
-            _REUSED.reset(token)
+            _SENDING.reset(token)
 
 
 class _StaleConnection(Exception):

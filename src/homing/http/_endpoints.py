@@ -69,13 +69,17 @@ class _Bucket:
 
     def take(self) -> float:
         """0 and one token taken, or the seconds until a token is there (none taken)."""
+        wait = self.peek()
+        if wait == 0.0:
+            self.tokens -= 1
+        return wait
+
+    def peek(self) -> float:
+        """The seconds until a token is there (0: one is), taking none."""
         now = time.monotonic()
         self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
         self.at = now
-        if self.tokens >= 1:
-            self.tokens -= 1
-            return 0.0
-        return (1 - self.tokens) / self.rate
+        return 0.0 if self.tokens >= 1 else (1 - self.tokens) / self.rate
 
 
 #: Endpoints tracked in memory before idle ones are forgotten (bounded with many origins).
@@ -139,18 +143,32 @@ class Endpoints:
             slot = self._slots[key] = Slot(n)
         return slot
 
+    def rated(self, url: str) -> bool:
+        """Whether requests to ``url`` have a rate limit."""
+        limit = self._limit(url)[1]
+        return limit is not None and limit.rate is not None
+
     def wait(self, url: str) -> float:
         """Seconds to wait before a request to ``url`` (0: go, a token was taken)."""
+        bucket = self._bucket(url)
+        return 0.0 if bucket is None else bucket.take()
+
+    def peek(self, url: str) -> float:
+        """Seconds until a request to ``url`` could go; no token taken."""
+        bucket = self._bucket(url)
+        return 0.0 if bucket is None else bucket.peek()
+
+    def _bucket(self, url: str) -> _Bucket | None:
         key, limit = self._limit(url)
         if limit is None or limit.rate is None:
-            return 0.0
+            return None
         bucket = self._buckets.get(key)
         if bucket is None:
             if len(self._buckets) >= MAX_TRACKED:  # forget buckets idle for a minute
                 now = time.monotonic()
                 self._buckets = {k: b for k, b in self._buckets.items() if now - b.at < 60}
             bucket = self._buckets[key] = _Bucket(limit.rate, limit.burst)
-        return bucket.take()
+        return bucket
 
     def disabled_reason(self, url: str) -> str | None:
         return self.disabled.get(endpoint_key(url)) if self.disable_after else None

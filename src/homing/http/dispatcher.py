@@ -25,7 +25,7 @@ from homing.database import Database
 from homing.errors import InvalidArgument
 from homing.http import _claims, _followups, batch_wire, standard, wire
 from homing.http._batch_out import Batcher
-from homing.http._client import Client, HttpError
+from homing.http._client import BeforeSend, Client, HttpError
 from homing.http._endpoints import (
     Endpoints,
     Slot,
@@ -47,6 +47,19 @@ log = logging.getLogger("homing.http")
 T = TypeVar("T")
 
 DEADLINE_PREFIX = "the absurd deadline passed"
+
+
+#: A rate-limited request whose token is further off than this gives its claim back and is
+#: postponed until the token is there, rather than holding the claim and a slot.
+RATE_HOLD_S = 2.0
+
+
+class _OverRate(Exception):
+    """The endpoint's next rate-limit token is more than ``RATE_HOLD_S`` away."""
+
+    def __init__(self, wait: float) -> None:
+        super().__init__(f"rate limited for {wait:.3f} s")
+        self.wait = wait
 
 
 class Clients(NamedTuple):
@@ -329,18 +342,36 @@ class Dispatcher:
             error = f"the endpoint is disabled ({reason}); `homing http enable` it, then redrive"
             await self._db(self._fail_row, row, token, error, None, False)
             return True
-        wait = self.endpoints.wait(row.url)
-        while wait > 0:
-            if wait > 2.0:  # do not sit on the claim: come back when a token is there
-                at = self.db.clock.now() + wait
-                assert self._group is not None
-                await self._group.run(
-                    functools.partial(q.postpone, msg_id=row.id, token=token, at=at)
-                )
-                return True
-            await asyncio.sleep(wait)
-            wait = self.endpoints.wait(row.url)
+        wait = self.endpoints.peek(row.url)  # the token itself is taken by _rate_gate
+        if wait > RATE_HOLD_S:
+            await self._postpone(row, token, wait)
+            return True
         return False
+
+    async def _postpone(self, row: q.OutboxRow, token: str, wait: float) -> None:
+        """Give the claim back until the endpoint's rate allows a request (no attempt)."""
+        at = self.db.clock.now() + wait
+        assert self._group is not None
+        await self._group.run(functools.partial(q.postpone, msg_id=row.id, token=token, at=at))
+
+    def _rate_gate(self, url: str) -> BeforeSend | None:
+        """For a rate-limited endpoint, what the client awaits once it holds a connection
+        and before it writes the request: a token from the endpoint's bucket. Taken there
+        and not before connecting, so a new connection's set-up time does not send two
+        requests at the server back to back (measured: the first request reached the
+        server 7-52 ms after its token, the next ones 1-5 ms)."""
+        if not self.endpoints.rated(url):
+            return None
+
+        async def gate() -> None:
+            wait = self.endpoints.wait(url)
+            while wait > 0:
+                if wait > RATE_HOLD_S:
+                    raise _OverRate(wait)
+                await asyncio.sleep(wait)
+                wait = self.endpoints.wait(url)
+
+        return gate
 
     def _still_disabled(self, url: str) -> str | None:
         key = endpoint_key(url)
@@ -391,8 +422,15 @@ class Dispatcher:
         client = clients.guarded if row.kind == "reply" else clients.trusted
         try:
             resp = await client.request(
-                row.method, row.url, content=row.body, headers=self._headers(row)
+                row.method,
+                row.url,
+                content=row.body,
+                headers=self._headers(row),
+                before_send=self._rate_gate(row.url),
             )
+        except _OverRate as over:  # nothing was sent
+            await self._postpone(row, token, over.wait)
+            return
         except HttpError as exc:  # connection refused/reset, timeout, protocol error
             error = f"{type(exc).__name__}: {exc}"
             if isinstance(exc, RefusedAddress):  # no retry makes it safe
