@@ -23,13 +23,12 @@ from homing._failpoints import failpoint
 from homing._loops import loop_factory
 from homing.database import Database
 from homing.errors import InvalidArgument
-from homing.http import _claims, _followups, batch_wire, standard, wire
+from homing.http import _claims, _followups, _holdback, batch_wire, standard, wire
 from homing.http._batch_out import Batcher
-from homing.http._client import BeforeSend, Client, HttpError
+from homing.http._client import Client, HttpError
 from homing.http._endpoints import (
     Endpoints,
     Slot,
-    endpoint_key,
     for_endpoint,
     origin,
     retry_after_seconds,
@@ -47,19 +46,6 @@ log = logging.getLogger("homing.http")
 T = TypeVar("T")
 
 DEADLINE_PREFIX = "the absurd deadline passed"
-
-
-#: A rate-limited request whose token is further off than this gives its claim back and is
-#: postponed until the token is there, rather than holding the claim and a slot.
-RATE_HOLD_S = 2.0
-
-
-class _OverRate(Exception):
-    """The endpoint's next rate-limit token is more than ``RATE_HOLD_S`` away."""
-
-    def __init__(self, wait: float) -> None:
-        super().__init__(f"rate limited for {wait:.3f} s")
-        self.wait = wait
 
 
 class Clients(NamedTuple):
@@ -315,7 +301,7 @@ class Dispatcher:
                 return
             try:
                 if row.state == "pending":
-                    if await self._held_back(row, token):
+                    if await _holdback.held_back(self, row, token):
                         return
                     await self._deliver(client, row, token)
                 elif row.confirm_url:
@@ -331,55 +317,6 @@ class Dispatcher:
     def _read_disabled(self) -> dict[str, str]:
         with self.db.store.transaction(write=False) as tx:
             return eq.disabled_endpoints(tx)
-
-    async def _held_back(self, row: q.OutboxRow, token: str) -> bool:
-        """True if the row is not sent now: its endpoint is disabled (the row fails, kept
-        for a redrive) or over its rate limit for a while (the row is postponed)."""
-        reason = self.endpoints.disabled_reason(row.url)
-        if reason is not None:  # the cache may be stale: an operator may have enabled it
-            reason = await self._db(self._still_disabled, row.url)
-        if reason is not None:
-            error = f"the endpoint is disabled ({reason}); `homing http enable` it, then redrive"
-            await self._db(self._fail_row, row, token, error, None, False)
-            return True
-        wait = self.endpoints.peek(row.url)  # the token itself is taken by _rate_gate
-        if wait > RATE_HOLD_S:
-            await self._postpone(row, token, wait)
-            return True
-        return False
-
-    async def _postpone(self, row: q.OutboxRow, token: str, wait: float) -> None:
-        """Give the claim back until the endpoint's rate allows a request (no attempt)."""
-        at = self.db.clock.now() + wait
-        assert self._group is not None
-        await self._group.run(functools.partial(q.postpone, msg_id=row.id, token=token, at=at))
-
-    def _rate_gate(self, url: str) -> BeforeSend | None:
-        """For a rate-limited endpoint, what the client awaits once it holds a connection
-        and before it writes the request: a token from the endpoint's bucket. Taken there
-        and not before connecting, so a new connection's set-up time does not send two
-        requests at the server back to back (measured: the first request reached the
-        server 7-52 ms after its token, the next ones 1-5 ms)."""
-        if not self.endpoints.rated(url):
-            return None
-
-        async def gate() -> None:
-            wait = self.endpoints.wait(url)
-            while wait > 0:
-                if wait > RATE_HOLD_S:
-                    raise _OverRate(wait)
-                await asyncio.sleep(wait)
-                wait = self.endpoints.wait(url)
-
-        return gate
-
-    def _still_disabled(self, url: str) -> str | None:
-        key = endpoint_key(url)
-        with self.db.store.transaction(write=False) as tx:
-            reason = eq.endpoint_disabled(tx, key)
-        if reason is None:
-            self.endpoints.disabled.pop(key, None)
-        return reason
 
     # -- one delivery ------------------------------------------------------------------
     def _headers(self, row: q.OutboxRow) -> dict[str, str]:
@@ -426,10 +363,10 @@ class Dispatcher:
                 row.url,
                 content=row.body,
                 headers=self._headers(row),
-                before_send=self._rate_gate(row.url),
+                before_send=_holdback.rate_gate(self, row.url),
             )
-        except _OverRate as over:  # nothing was sent
-            await self._postpone(row, token, over.wait)
+        except _holdback.OverRate as over:  # nothing was sent
+            await _holdback.postpone(self, row, token, over.wait)
             return
         except HttpError as exc:  # connection refused/reset, timeout, protocol error
             error = f"{type(exc).__name__}: {exc}"
