@@ -168,6 +168,43 @@ def test_a_crash_after_the_take_counts_and_the_request_dies_after_max_attempts(
     assert "lease ran out" in reply.error
 
 
+def test_a_slow_handler_keeps_its_lease_and_one_thread_keeps_every_lease(
+    db: homing.Database, clock: homing.ManualClock
+) -> None:
+    """A handler that runs past its lease keeps the request (a server polling meanwhile
+    does not take it over), and the leases of successive requests are kept by one thread
+    of the server, not a thread a request."""
+    session = Sessions(db).open("c")
+    slow_request = session.submit("q", {"n": 0})
+
+    def slow(r: Request, txn: homing.Transaction) -> Any:
+        if r.id == slow_request.id:
+            for _ in range(4):  # 0.8 s of the store's clock against a 0.3 s lease
+                clock.advance(0.2)
+                time.sleep(0.15)  # real time for the keeper's beats (every 0.1 s)
+        return "done"
+
+    server = Server(db, "q", slow, lease=0.3)
+    rival = Server(db, "q", lambda r, t: "taken over")
+    stop = threading.Event()
+    polling = threading.Thread(target=rival.run, args=(stop,), kwargs={"idle_wait": 0.01})
+    polling.start()
+    try:
+        assert server.process_one() is True
+    finally:
+        stop.set()
+        polling.join(30)
+    record = Sessions(db).lookup(slow_request.id)
+    assert (record.attempts, record.reply) == (1, "done")
+    keepers = []
+    for n in range(1, 5):
+        session.submit("q", {"n": n})
+        assert server.process_one() is True
+        keepers.append(server._leases._thread)
+    assert keepers[0] is not None and keepers[0].is_alive()
+    assert all(k is keepers[0] for k in keepers)
+
+
 def test_a_hung_handler_blocks_no_submit_and_its_lease_passes_to_another_server(
     db: homing.Database, clock: homing.ManualClock
 ) -> None:
@@ -199,7 +236,7 @@ def test_a_hung_handler_blocks_no_submit_and_its_lease_passes_to_another_server(
 
         second = Server(db, "q", took_over)
         # the lease keeper stops extending after handler_timeout; then the lease runs out
-        wait_until("the lease keeper to stop", lambda: not _keeper_alive())
+        wait_until("the lease keeper to let go", lambda: not hung._leases.holds(request.id))
         clock.advance(1.5)
         assert second.process_one() is True
     finally:
@@ -211,10 +248,6 @@ def test_a_hung_handler_blocks_no_submit_and_its_lease_passes_to_another_server(
     with db.store.transaction(write=False) as tx:
         effects = tx.query("SELECT request_id, by FROM effects")
     assert effects == [(request.id, "second")]
-
-
-def _keeper_alive() -> bool:
-    return any(t.name == "homing-sessions-lease" for t in threading.enumerate())
 
 
 def test_a_fenced_handle_gets_a_clear_error_and_changes_nothing(db: homing.Database) -> None:
