@@ -9,9 +9,11 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+from homing.store.sqlite import SQLiteStore
 from homing.store.sqlite_wake import StoreWake, wake_dir
 
 
@@ -56,6 +58,7 @@ def test_dead_processes_sockets_are_swept_and_the_last_one_out_removes_the_direc
     directory = wake_dir(db)
     swept_at_start = _stale_socket(directory, _dead_pid())
     wake = StoreWake(db)
+    wake.attach()  # as an open store handle does
     wake.listen()  # binds this process's socket and sweeps the dead ones
     assert not swept_at_start.exists()
     ours = [n for n in os.listdir(directory) if n.startswith(f"{os.getpid()}-")]
@@ -67,3 +70,29 @@ def test_dead_processes_sockets_are_swept_and_the_last_one_out_removes_the_direc
     del wake
     gc.collect()  # every handle of the store gone: its receiver leaves within a second
     assert eventually(lambda: not directory.exists())
+
+
+def _receivers() -> int:
+    return sum(t.name == "homing-sqlite-wake" for t in threading.enumerate())
+
+
+def test_closing_the_last_handle_stops_listening_though_the_handles_are_still_held(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    directory = wake_dir(str((tmp_path / "store.db").resolve()))
+    before = _receivers()
+    first, second = SQLiteStore(url), SQLiteStore(url)
+    first.wakeup("chan", min_poll=0.01, max_poll=0.1).close()  # listens from now on
+    assert _receivers() == before + 1 and len(os.listdir(directory)) == 1
+    first.close()
+    time.sleep(0.2)
+    assert _receivers() == before + 1  # the other handle is open: still listening
+    second.close()
+    assert eventually(lambda: _receivers() == before and not directory.exists())
+    third = SQLiteStore(url)  # a new handle listens again
+    third.wakeup("chan", min_poll=0.01, max_poll=0.1).close()
+    assert _receivers() == before + 1 and len(os.listdir(directory)) == 1
+    third.close()
+    assert eventually(lambda: _receivers() == before and not directory.exists())
+    assert first is not None and second is not None  # held all along

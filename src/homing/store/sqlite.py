@@ -72,12 +72,13 @@ class SQLiteStore:
         self._closed = False
         self._write_lock = threading.Lock()
         self._stream_index = False  # ensure_stream_index ran in this process
-        self._wake = store_wake(str(self.path.resolve()))
         parent = self.path.parent
         if str(parent) and not parent.exists():
             raise ConfigurationError(
                 f"directory {parent} for SQLite file {self.path} does not exist"
             )
+        self._wake = store_wake(str(self.path.resolve()))
+        self._wake.attach()
 
     # -- connections -------------------------------------------------------------------
     def _connection(self) -> sqlite3.Connection:
@@ -282,6 +283,8 @@ class SQLiteStore:
         return self._write_lock
 
     def close(self) -> None:
+        if not self._closed:
+            self._wake.detach()  # the last handle closed stops listening for other processes
         self._closed = True
         with self._all_lock:
             conns, self._all = self._all, []

@@ -11,7 +11,9 @@ back-off: a datagram lost (a full socket buffer, another user's process, a platf
 without Unix sockets) costs at most a poll step, as before.
 
 Nothing here is trusted: a datagram only makes waiters look for work. Sockets of dead
-processes are removed by the first sender that finds them refusing.
+processes are removed by the first sender that finds them refusing. A process stops
+listening (its thread ends, its socket is removed) when its last open handle on the store
+is closed (``attach``/``detach``), or collected, or at exit.
 """
 
 from __future__ import annotations
@@ -76,6 +78,27 @@ class StoreWake:
         self._receiver: socket.socket | None = None
         self._own = ""  # our socket's name in self.dir, once listening
         self._cannot_listen = False  # binding failed in this process: its waiters poll
+        self._users = 0  # open store handles of this process on the file
+
+    # -- the handles using it --------------------------------------------------------------
+    def attach(self) -> None:
+        """A store handle on the file was opened."""
+        with self._lock:
+            self._users += 1
+
+    def detach(self) -> None:
+        """A store handle on the file was closed: the last one stops the listening."""
+        with self._lock:
+            self._users -= 1
+            if self._users > 0 or self._receiver is None or self._pid != os.getpid():
+                return
+            receiver, self._receiver = self._receiver, None
+            own, self._own = self._own, ""
+        # its thread sees that it is no longer ours at the next datagram: send one now
+        if self._sender is not None:
+            with contextlib.suppress(OSError):
+                self._sender.sendto(b"", str(self.dir / own))
+        del receiver
 
     # -- sending -------------------------------------------------------------------------
     def announce(self, channel: str, key: str = "") -> None:
@@ -124,7 +147,7 @@ class StoreWake:
                 except (OSError, AttributeError):  # no Unix sockets here: waiters poll
                     self._sender = None
             if listen and self._receiver is None and self._sender is not None:
-                if not self._cannot_listen:
+                if not self._cannot_listen and self._users > 0:
                     self._start_receiver()
             return self._sender
 
@@ -187,7 +210,7 @@ def _receive(
     owner: weakref.ref[StoreWake], receiver: socket.socket, path: str, pid: int
 ) -> None:
     """Hand datagrams to the store's local waiters until the store is gone (every handle
-    closed and collected) or the process forked away from this thread."""
+    closed, or collected) or the process forked away from this thread."""
     try:
         while True:
             try:
@@ -197,8 +220,8 @@ def _receive(
             except OSError:
                 return
             wake = owner()
-            if wake is None or wake._pid != pid:
-                return
+            if wake is None or wake._pid != pid or wake._receiver is not receiver:
+                return  # the store is gone or closed, or the process forked away
             if data:
                 channel, _, key = data.decode("utf-8", "replace").partition("\0")
                 wake.local.announce(channel, key)
