@@ -205,6 +205,49 @@ def test_a_slow_handler_keeps_its_lease_and_one_thread_keeps_every_lease(
     assert all(k is keepers[0] for k in keepers)
 
 
+def test_a_server_that_finds_nothing_to_take_makes_no_write_transaction(
+    db: homing.Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing due, or (PostgreSQL) the due request locked by another server: the take
+    finds nothing and the server asks in one read whether a dead request is owed its
+    reply, instead of a durable transaction (three round trips) after every empty take."""
+    writes: list[int] = []
+    store_type = type(db.store)
+    transaction = store_type.transaction
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("write", True):
+            writes.append(1)
+        return transaction(self, *args, **kwargs)
+
+    server = Server(db, "q", lambda r, t: "answer")
+    monkeypatch.setattr(store_type, "transaction", counting)
+    assert server.process_one() is False and writes == []
+    monkeypatch.setattr(store_type, "transaction", transaction)
+    request = Sessions(db).open("c").submit("q", {"n": 1})
+    if db.store.capabilities.skip_locked:  # another server's take holds the row meanwhile
+        locked, release = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with db.store.transaction() as tx:
+                tx.execute("SELECT id FROM homing_session_requests FOR UPDATE")
+                locked.set()
+                release.wait(30)
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        try:
+            assert locked.wait(30)
+            monkeypatch.setattr(store_type, "transaction", counting)
+            assert server.process_one() is False and writes == []
+        finally:
+            release.set()
+            holder.join(30)
+        monkeypatch.setattr(store_type, "transaction", transaction)
+    assert server.process_one() is True  # and once it is free, it is taken
+    assert Sessions(db).lookup(request.id).reply == "answer"
+
+
 def test_a_hung_handler_blocks_no_submit_and_its_lease_passes_to_another_server(
     db: homing.Database, clock: homing.ManualClock
 ) -> None:

@@ -211,11 +211,13 @@ class Server:
         """Take one due request, if any, and answer, retry or dead-letter it; True if one
         was taken."""
         store = self.db.store
-        # Look first without locking, so idle servers do not hold SQLite's write lock or
-        # make PostgreSQL commit a row lock on every poll (one statement: one round trip).
-        with store.read() as tx:
-            if not q.request_due(tx, self.queues, now=store.clock.now()):
-                return False
+        # SQLite: look first without locking, so that idle servers do not take the write
+        # lock on every poll. PostgreSQL's take skips locked rows and, with nothing due,
+        # locks and writes nothing: a look first would be one more round trip a request.
+        if not store.capabilities.skip_locked:
+            with store.read() as tx:
+                if not q.request_due(tx, self.queues, now=store.clock.now()):
+                    return False
         taken = self._take()
         if taken is None:
             return False
@@ -230,8 +232,10 @@ class Server:
         in one statement that need not reach the disk by itself (``Store.statement(
         durable=False)``, as a job's lease): a lease lost with the database server's crash
         is one that ran out, the request is due again and the late answer is refused; the
-        answer's durable commit makes the lease before it durable too. When the oldest due
-        request is dead (taken ``max_attempts`` times), ``_take_or_bury``."""
+        answer's durable commit makes the lease before it durable too. When it leased
+        nothing because a due request is dead (taken ``max_attempts`` times), ``_take_or_bury``
+        (a durable transaction) only then: a server that lost the race for the last
+        request makes one read, not a transaction of three round trips."""
         store = self.db.store
         token = uuid7()
         now = store.clock.now()
@@ -245,8 +249,10 @@ class Server:
                 server=self.name,
                 max_attempts=self.max_attempts,
             )
-        if leased is None:
-            return self._take_or_bury()
+        if leased is None:  # nothing due, or a dead head: one read tells which
+            with store.read() as tx:
+                dead = q.dead_request_due(tx, self.queues, now=now, max_attempts=self.max_attempts)
+            return self._take_or_bury() if dead else None
         failpoint("sessions.server_after_take")
         rid, queue, body = leased
         return Request(rid, queue, decode(body)), token

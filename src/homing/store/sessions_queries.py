@@ -314,6 +314,18 @@ def is_write_conflict(exc: BaseException) -> bool:
     return False
 
 
+def dead_request_due(tx: Tx, queues: Sequence[str], *, now: float, max_attempts: int) -> bool:
+    """Whether a due request of ``queues`` was taken ``max_attempts`` times already (its
+    dead reply is owed): after ``lease_due_request`` found nothing it could lease."""
+    clause, params = tx.sql.in_list("queue", queues)
+    row = tx.query_one(
+        f"SELECT 1 FROM homing_session_requests WHERE {clause} AND state = 'queued' "
+        "AND available_at <= ? AND attempts >= ? LIMIT 1",
+        (*params, now, max_attempts),
+    )
+    return row is not None
+
+
 def extend_lease(tx: Tx, request_id: str, token: str, *, until: float) -> bool:
     """Keep a request leased while its handler runs; False if the lease was lost."""
     return (

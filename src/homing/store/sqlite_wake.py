@@ -206,9 +206,7 @@ def _leave_all() -> None:
         _leave(path, pid)
 
 
-def _receive(
-    owner: weakref.ref[StoreWake], receiver: socket.socket, path: str, pid: int
-) -> None:
+def _receive(owner: weakref.ref[StoreWake], receiver: socket.socket, path: str, pid: int) -> None:
     """Hand datagrams to the store's local waiters until the store is gone (every handle
     closed, or collected) or the process forked away from this thread."""
     try:
