@@ -25,7 +25,7 @@ from homing.database import Database
 from homing.errors import InvalidArgument
 from homing.http import _claims, _followups, _holdback, batch_wire, standard, wire
 from homing.http._batch_out import Batcher
-from homing.http._client import Client, HttpError
+from homing.http._client import Client, HttpError, Response
 from homing.http._endpoints import (
     Endpoints,
     Slot,
@@ -375,6 +375,12 @@ class Dispatcher:
             else:
                 await self._retry(row, token, error, None)
             return
+        await self._answered(clients, row, token, resp)
+
+    async def _answered(
+        self, clients: Clients, row: q.OutboxRow, token: str, resp: Response
+    ) -> None:
+        """The receiver's answer to a delivery: tombstone (2xx), fail (fatal) or retry."""
         status = resp.status_code
         if 200 <= status < 300:
             failpoint("http.sender.after_2xx_before_tombstone")

@@ -139,10 +139,11 @@ class _LeaseKeeper:
 
     def _extend(self, request_id: str, token: str) -> bool:
         """False if the lease was lost; True if kept, or if the store could not be asked
-        (busy or away: tried again on the next beat)."""
+        (busy or away: tried again on the next beat). Not durable by itself, as the take:
+        an extension lost in a crash is a lease that ran out."""
         store = self.server.db.store
         try:
-            with store.transaction() as tx:
+            with store.statement(durable=False) as tx:
                 return q.extend_lease(
                     tx, request_id, token, until=store.clock.now() + self.server.lease
                 )
