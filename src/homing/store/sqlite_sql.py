@@ -227,8 +227,11 @@ class SqliteSql(SqlDialect):
             "ORDER BY priority DESC, run_at, seq LIMIT ?"
         )
         if not expired and len(g.types) == 1:  # the hot path: one statement, pick and lease
+            # one job: `seq = (...)`, not `seq IN (...)`, whose list SQLite builds first
+            # (an UPDATE of 0.12-0.14 ms against 0.19-0.34 ms here, ad hoc)
+            match = "=" if g.limit == 1 else "IN"
             rows = tx.query(  # batch_id is NULL already: left out, SQLite skips its indexes
-                f"UPDATE homing_jobs SET {SET_LEASE_READY} WHERE seq IN "
+                f"UPDATE homing_jobs SET {SET_LEASE_READY} WHERE seq {match} "
                 f"({pick.replace(f'{_HOLDER}, priority, run_at', 'seq', 1)}) "
                 f"RETURNING {columns}",
                 [*g.lease_params, g.types[0], g.now, *g.where_params, g.limit],
