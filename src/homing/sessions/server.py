@@ -63,7 +63,8 @@ class _LeaseKeeper:
     handler after the timeout; either way the request becomes due again when its lease
     runs out. One thread per server (and process), started on first use and ended after
     ``IDLE_S`` with nothing to keep: a thread a request cost ~290 us of CPU to start and
-    join (measured here), about a tenth of a SQLite round trip's CPU."""
+    join (an ad hoc timeit here; the round trips it saved are in
+    bench/results/sessions-ab-one-lease-keeper.md)."""
 
     IDLE_S = 2.0
 

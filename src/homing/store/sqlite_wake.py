@@ -92,13 +92,12 @@ class StoreWake:
             self._users -= 1
             if self._users > 0 or self._receiver is None or self._pid != os.getpid():
                 return
-            receiver, self._receiver = self._receiver, None
+            self._receiver = None  # its thread closes it and removes its socket
             own, self._own = self._own, ""
         # its thread sees that it is no longer ours at the next datagram: send one now
         if self._sender is not None:
             with contextlib.suppress(OSError):
                 self._sender.sendto(b"", str(self.dir / own))
-        del receiver
 
     # -- sending -------------------------------------------------------------------------
     def announce(self, channel: str, key: str = "") -> None:
