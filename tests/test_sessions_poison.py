@@ -177,17 +177,27 @@ def test_a_slow_handler_keeps_its_lease_and_one_thread_keeps_every_lease(
     session = Sessions(db).open("c")
     slow_request = session.submit("q", {"n": 0})
 
+    taken = threading.Event()
+
     def slow(r: Request, txn: homing.Transaction) -> Any:
         if r.id == slow_request.id:
-            for _ in range(4):  # 0.8 s of the store's clock against a 0.3 s lease
-                clock.advance(0.2)
-                time.sleep(0.15)  # real time for the keeper's beats (every 0.1 s)
+            taken.set()  # the rival starts polling only once this server holds the request
+            # 0.8 s of the store's clock against a 0.3 s lease, in steps small enough that
+            # only a keeper missing three beats in a row (every 0.1 s) lets the lease lapse
+            for _ in range(8):
+                clock.advance(0.1)
+                time.sleep(0.15)
         return "done"
 
     server = Server(db, "q", slow, lease=0.3)
     rival = Server(db, "q", lambda r, t: "taken over")
     stop = threading.Event()
-    polling = threading.Thread(target=rival.run, args=(stop,), kwargs={"idle_wait": 0.01})
+
+    def poll_once_taken() -> None:
+        if taken.wait(30):
+            rival.run(stop, idle_wait=0.01)
+
+    polling = threading.Thread(target=poll_once_taken)
     polling.start()
     try:
         assert server.process_one() is True
