@@ -1,6 +1,6 @@
 """Server cost of each statement of the job path on PostgreSQL: insert, grab, completion.
 
-    .venv/bin/python bench/statements.py [--batch 100] [--rounds 40] [--src DIR ...]
+    .venv/bin/python bench/statements.py [--batch 100] [--rounds 40] [--src DIR ...] [--raw]
 
 The statements are the ones the job API sends (captured from ``jobs_queries``, not
 copied), run over one connection of their own, prepared, with the server's default plan
@@ -8,7 +8,8 @@ choice, on a fresh schema each; per statement it reports the wall time of the ro
 and the CPU time of the server process that ran it (from /proc, 10 ms ticks summed over
 the rounds). The completion is ``complete_each``'s (one lease). With several ``--src``
 trees (e.g. a ``git archive`` of an older commit and ``src``) each round runs every tree
-in turn, so that the machine's drift hits them alike. Linux only (reads /proc).
+in turn, so that the machine's drift hits them alike; ``--raw`` adds the raw loop's
+statements (bench/drivers/raw_sql.py) to each round. Linux only (reads /proc).
 """
 
 from __future__ import annotations
@@ -92,9 +93,55 @@ print(json.dumps(totals))
 """
 
 
+# The raw loop's statements (bench/drivers/raw_sql.py: its DDL, grab and insert, and its
+# completion), measured the same way; with ``--raw``, a pass runs them after the trees.
+_RAW_CHILD = r"""
+import json, os, sys, time
+import psycopg
+from bench.drivers.raw_sql import _PG_DDL, _PG_GRAB
+
+schema, batch, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+TICK = os.sysconf("SC_CLK_TCK")
+admin = psycopg.connect(sys.argv[4], autocommit=True)
+admin.execute(f"CREATE SCHEMA {schema}")
+conn = psycopg.connect(sys.argv[4], autocommit=True, options=f"-c search_path={schema}")
+for ddl in _PG_DDL:
+    conn.execute(ddl)
+pid = conn.info.backend_pid
+
+
+def cpu():
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def timed(sql, params, totals, key):
+    c0, t0 = cpu(), time.perf_counter()
+    cur = conn.execute(sql, params, prepare=True)
+    rows = cur.fetchall() if cur.description else []
+    totals[key][0] += time.perf_counter() - t0
+    totals[key][1] += cpu() - c0
+    return rows
+
+
+payloads = [json.dumps({"seq": i, "payload": "x" * 64}) for i in range(batch)]
+totals = {k: [0.0, 0.0] for k in ("insert", "grab", "complete")}
+for r in range(rounds):
+    timed("INSERT INTO raw_jobs (payload) SELECT unnest(%s::text[])", (payloads,), totals, "insert")
+    rows = timed(_PG_GRAB, (batch,), totals, "grab")
+    assert len(rows) == batch, (len(rows), batch)
+    timed("UPDATE raw_jobs SET state = 2 WHERE id = ANY(%s)", ([x[0] for x in rows],), totals, "complete")
+print(json.dumps(totals))
+"""
+RAW = "raw loop"
+
+
 def one_round(src: Path, schema: str, batch: int, rounds: int) -> dict[str, list[float]]:
+    child = _RAW_CHILD if str(src) == RAW else _CHILD
+    if str(src) == RAW:
+        src = ROOT / "src"
     out = subprocess.run(
-        [sys.executable, "-c", _CHILD, schema, str(batch), str(rounds), PG],
+        [sys.executable, "-c", child, schema, str(batch), str(rounds), PG],
         env={**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{ROOT}"},
         check=True,
         capture_output=True,
@@ -110,7 +157,10 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=40, help="statements of each kind a pass")
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--src", type=Path, nargs="*", default=[ROOT / "src"])
+    ap.add_argument("--raw", action="store_true", help="the raw loop's statements too")
     args = ap.parse_args()
+    if args.raw:
+        args.src = [*args.src, Path(RAW)]
     import psycopg
 
     print(
