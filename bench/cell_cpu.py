@@ -24,37 +24,31 @@ import sys
 import time
 from pathlib import Path
 
+from bench.common import machine_jiffies, proc_stat_started
 from bench.run import cell_env
 
 ROOT = Path(__file__).resolve().parent.parent
 TICK = os.sysconf("SC_CLK_TCK")
 START_S = 3.0  # the cell's reset, consumers' start and warm-up before the window opens
+# (they took well under that here; the window's jobs are the cell's rate times its length)
 
 
 def process_cpu() -> dict[int, tuple[str, int, float]]:
-    """Every process's command line, start time (to tell a reused pid) and CPU seconds
-    (user + system) so far. A server backend's command line changes with what it runs
-    (``idle``, ``UPDATE``): the start time, not the command line, tells it is the same."""
+    """Every process's command line, start time and CPU seconds so far. A server
+    backend's command line changes with what it runs (``idle``, ``UPDATE``): the start
+    time, not the command line, tells it is the same process."""
     out = {}
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
+            _, started, cpu = proc_stat_started(int(pid))
             with open(f"/proc/{pid}/cmdline") as f:
                 cmd = f.read().replace("\0", " ")
         except OSError:
-            continue
-        out[int(pid)] = (cmd, int(fields[19]), (int(fields[11]) + int(fields[12])) / TICK)
+            continue  # it ended meanwhile
+        out[int(pid)] = (cmd, started, cpu)
     return out
-
-
-def machine_cpu() -> tuple[float, float]:
-    """All CPU seconds so far, and those idle or waiting on I/O."""
-    with open("/proc/stat") as f:
-        values = [int(v) for v in f.readline().split()[1:]]
-    return sum(values) / TICK, (values[3] + values[4]) / TICK
 
 
 def kind(cmd: str) -> str:
@@ -82,9 +76,9 @@ def run_cell(system: str, batch: int, seconds: float) -> dict[str, float]:
         text=True,
     )
     time.sleep(START_S + 1.0)
-    before, (all0, idle0), t0 = process_cpu(), machine_cpu(), time.perf_counter()
+    before, (all0, idle0), t0 = process_cpu(), machine_jiffies(), time.perf_counter()
     time.sleep(seconds - 1.0)
-    after, (all1, idle1), t1 = process_cpu(), machine_cpu(), time.perf_counter()
+    after, (all1, idle1), t1 = process_cpu(), machine_jiffies(), time.perf_counter()
     out, err = proc.communicate()
     lines = [ln for ln in out.splitlines() if ln.startswith("{")]
     result = json.loads(lines[-1]) if lines else {"ok": False}
@@ -95,7 +89,7 @@ def run_cell(system: str, batch: int, seconds: float) -> dict[str, float]:
     for pid, (cmd, started, cpu) in after.items():
         if pid in before and before[pid][1] == started:
             per_kind[kind(cmd)] = per_kind.get(kind(cmd), 0.0) + cpu - before[pid][2]
-    busy = ((all1 - all0) - (idle1 - idle0)) / (t1 - t0)
+    busy = ((all1 - all0) - (idle1 - idle0)) / TICK / (t1 - t0)
     return {
         "rate": result["rate"],
         "busy_cores": busy,

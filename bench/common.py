@@ -288,6 +288,21 @@ def append_result(path: Path, lines: list[str]) -> None:
 
 def proc_stat(pid: int) -> tuple[int, float]:
     """(parent pid, CPU seconds: user + system) of a live process, from /proc."""
+    ppid, _, cpu = proc_stat_started(pid)
+    return ppid, cpu
+
+
+def proc_stat_started(pid: int) -> tuple[int, int, float]:
+    """(parent pid, start time in clock ticks since boot, CPU seconds) of a live process:
+    the start time tells a reused pid apart."""
     stat = Path(f"/proc/{pid}/stat").read_text()
     fields = stat[stat.rindex(")") + 2 :].split()
-    return int(fields[1]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return int(fields[1]), int(fields[19]), cpu
+
+
+def machine_jiffies() -> tuple[int, int]:
+    """(all, idle or waiting on I/O) CPU clock ticks of the machine so far, from /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:9]]
+    return sum(fields), fields[3] + fields[4]

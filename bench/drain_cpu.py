@@ -22,14 +22,9 @@ import threading
 import time
 
 from bench import run as bench_run
+from bench.common import machine_jiffies
 
 SAMPLE_S = 0.1
-
-
-def _cpu_times() -> tuple[int, int]:
-    """(all, idle) jiffies of the machine so far."""
-    fields = [int(v) for v in open("/proc/stat").readline().split()[1:9]]
-    return sum(fields), fields[3] + fields[4]
 
 
 def busiest(samples: list[tuple[int, int]], span_s: float) -> float:
@@ -50,7 +45,7 @@ def one(jobs: int, procs: int) -> tuple[float, float, float]:
 
     def sample() -> None:
         while not stop.is_set():
-            samples.append(_cpu_times())
+            samples.append(machine_jiffies())
             stop.wait(SAMPLE_S)
 
     sampler = threading.Thread(target=sample, daemon=True)

@@ -24,17 +24,32 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PG = os.environ.get("HOMING_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
-TICK = os.sysconf("SC_CLK_TCK")
+
+# What both children (homing's statements and the raw loop's) time a statement with: the
+# wall time of its round trip and the CPU time of the server process ``pid`` that ran it.
+# ``conn`` and ``pid`` are the child's own, bound before the first call; put before
+# each child's text when it starts (``one_round``).
+_TIMED = r"""
+import json, os, sys, time
+from bench.common import proc_stat
+
+
+def timed(sql, params, totals, key):
+    c0, t0 = proc_stat(pid)[1], time.perf_counter()
+    cur = conn.execute(sql, params, prepare=True)
+    rows = cur.fetchall() if cur.description else []
+    totals[key][0] += time.perf_counter() - t0
+    totals[key][1] += proc_stat(pid)[1] - c0
+    return rows
+"""
 
 # One round of one tree, run in a child process whose PYTHONPATH is that tree's src.
 _CHILD = r"""
-import json, os, sys, time
 import homing, psycopg
 from homing.store import jobs_queries as q
 from bench.grab_cost import _Capture as Capture
 
 schema, batch, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 def captured(db, fn):
@@ -57,19 +72,6 @@ def lease_of(token, until, host, worker_pid, worker):
 
     with db.store.transaction() as tx:
         return q.Lease(token, until, hq.register_holder(tx, host, worker_pid, worker, now=time.time()))
-
-
-def cpu():
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
-
-
-def timed(sql, params, totals, key):
-    c0, t0 = cpu(), time.perf_counter()
-    rows = conn.execute(sql, params, prepare=True).fetchall()
-    totals[key][0] += time.perf_counter() - t0
-    totals[key][1] += cpu() - c0
-    return rows
 
 
 args = {"seq": 1, "payload": "x" * 64}
@@ -96,33 +98,16 @@ print(json.dumps(totals))
 # The raw loop's statements (bench/drivers/raw_sql.py: its DDL, grab and insert, and its
 # completion), measured the same way; with ``--raw``, a pass runs them after the trees.
 _RAW_CHILD = r"""
-import json, os, sys, time
 import psycopg
 from bench.drivers.raw_sql import _PG_DDL, _PG_GRAB
 
 schema, batch, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-TICK = os.sysconf("SC_CLK_TCK")
 admin = psycopg.connect(sys.argv[4], autocommit=True)
 admin.execute(f"CREATE SCHEMA {schema}")
 conn = psycopg.connect(sys.argv[4], autocommit=True, options=f"-c search_path={schema}")
 for ddl in _PG_DDL:
     conn.execute(ddl)
 pid = conn.info.backend_pid
-
-
-def cpu():
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
-
-
-def timed(sql, params, totals, key):
-    c0, t0 = cpu(), time.perf_counter()
-    cur = conn.execute(sql, params, prepare=True)
-    rows = cur.fetchall() if cur.description else []
-    totals[key][0] += time.perf_counter() - t0
-    totals[key][1] += cpu() - c0
-    return rows
-
 
 payloads = [json.dumps({"seq": i, "payload": "x" * 64}) for i in range(batch)]
 totals = {k: [0.0, 0.0] for k in ("insert", "grab", "complete")}
@@ -141,7 +126,7 @@ def one_round(src: Path, schema: str, batch: int, rounds: int) -> dict[str, list
     if str(src) == RAW:
         src = ROOT / "src"
     out = subprocess.run(
-        [sys.executable, "-c", child, schema, str(batch), str(rounds), PG],
+        [sys.executable, "-c", _TIMED + child, schema, str(batch), str(rounds), PG],
         env={**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{ROOT}"},
         check=True,
         capture_output=True,

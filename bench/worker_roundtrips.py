@@ -30,33 +30,29 @@ PRODUCER = "roundtrips-producer"
 counts: collections.Counter[str] = collections.Counter()
 
 
-def _counted() -> bool:
-    return threading.current_thread().name != PRODUCER
+def _counting(method: Any, label: Any) -> Any:
+    """``method`` that first counts its call under ``label(args)``, in the worker's threads."""
+
+    def counted(self: Any, *args: Any, **kw: Any) -> Any:
+        if threading.current_thread().name != PRODUCER:
+            counts[label(args)] += 1
+        return method(self, *args, **kw)
+
+    return counted
 
 
 def _install() -> None:
     """Count the worker's statements and transactions (the producer's are not)."""
-    execute, executemany = psycopg.Cursor.execute, psycopg.Cursor.executemany
-    transaction = psycopg.Connection.transaction
 
-    def counted_execute(self: Any, query: Any, params: Any = None, **kw: Any) -> Any:
-        if _counted():
-            counts[" ".join(str(query).split())[:48]] += 1
-        return execute(self, query, params, **kw)
+    def statement(args: Any) -> str:
+        return " ".join(str(args[0]).split())[:48]
 
-    def counted_executemany(self: Any, query: Any, params: Any, **kw: Any) -> Any:
-        if _counted():
-            counts[" ".join(str(query).split())[:48]] += 1
-        return executemany(self, query, params, **kw)
-
-    def counted_transaction(self: Any, *args: Any, **kw: Any) -> Any:
-        if _counted():
-            counts["<transaction>"] += 1
-        return transaction(self, *args, **kw)
-
-    psycopg.Cursor.execute = counted_execute  # type: ignore[method-assign]
-    psycopg.Cursor.executemany = counted_executemany  # type: ignore[assignment, method-assign]
-    psycopg.Connection.transaction = counted_transaction  # type: ignore[method-assign]
+    cursor, connection = psycopg.Cursor, psycopg.Connection
+    cursor.execute = _counting(cursor.execute, statement)  # type: ignore[method-assign]
+    cursor.executemany = _counting(cursor.executemany, statement)  # type: ignore[method-assign]
+    connection.transaction = _counting(  # type: ignore[method-assign]
+        connection.transaction, lambda args: "<transaction>"
+    )
 
 
 def run(jobs: int, rate: float) -> tuple[float, collections.Counter[str]]:

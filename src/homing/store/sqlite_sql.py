@@ -227,8 +227,9 @@ class SqliteSql(SqlDialect):
             "ORDER BY priority DESC, run_at, seq LIMIT ?"
         )
         if not expired and len(g.types) == 1:  # the hot path: one statement, pick and lease
-            # one job: `seq = (...)`, not `seq IN (...)`, whose list SQLite builds first
-            # (an UPDATE of 0.12-0.14 ms against 0.19-0.34 ms here, ad hoc)
+            # one job: `seq = (...)`, not `seq IN (...)`, whose list SQLite builds first (the
+            # one-job cycle 1.32x / 1.35x, bench/results/ab-d5a5d88-one-job-grab-eq.md;
+            # the plan is pinned by tests/store/test_sqlite_grab_plan.py)
             match = "=" if g.limit == 1 else "IN"
             rows = tx.query(  # batch_id is NULL already: left out, SQLite skips its indexes
                 f"UPDATE homing_jobs SET {SET_LEASE_READY} WHERE seq {match} "
