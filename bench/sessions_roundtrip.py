@@ -132,6 +132,13 @@ def main() -> None:
     parser.add_argument("--postgres", default=DEFAULT_PG)
     parser.add_argument("--clients", default="1,16")
     parser.add_argument("--json", dest="json_path", default=None)
+    parser.add_argument(
+        "--backends",
+        default="sqlite,postgres",
+        help="which of sqlite,postgres (with --postgres through bench/latency_proxy.py, a "
+        "server some way off)",
+    )
+    parser.add_argument("--placements", default="one,apart", help="one process, apart, or both")
     args = parser.parse_args()
     results = []
     tmp = tempfile.mkdtemp(prefix="homing-sessions-bench-")
@@ -141,8 +148,12 @@ def main() -> None:
         ("sqlite", f"sqlite:///{tmp}/bench.db", 1),
         ("postgres", f"{args.postgres}{sep}schema={schema}", 2),
     ]
-    for _, url, servers in targets:
-        for apart in (False, True):
+    backends = args.backends.split(",")
+    placements = [p == "apart" for p in args.placements.split(",")]
+    for backend, url, servers in targets:
+        if backend not in backends:
+            continue
+        for apart in placements:
             for clients in (int(c) for c in args.clients.split(",")):
                 row = run_one(url, clients, servers, args.seconds, apart)
                 results.append(row)

@@ -113,30 +113,37 @@ class Session:
         so does every other prepared request not yet enqueued (at most ``MAX_PREPARED``).
         """
         request, text = self._new_request(queue, body, request_id)
-        with self._store.transaction() as tx:
-            self._lock(tx)
-            existing = q.get_request(tx, request.id)
-            if existing is not None:
-                raise self._duplicate(existing)
-            if q.count_prepared(tx, self.client_id) >= MAX_PREPARED:
-                raise TooManyPrepared(
-                    f"client {self.client_id!r} has {MAX_PREPARED} prepared requests not yet "
-                    "submitted; enqueue, resubmit or drop some (recover() lists them, state A)"
-                )
+        # Pipelined (Store.transaction): every statement is sent before the first check
+        # reads its result, BEGIN to LastRequest in one round trip on PostgreSQL; a failed
+        # check raises and the rollback undoes the writes sent after the checked statement.
+        with self._store.transaction(pipelined=True) as tx:
             now = self.sessions.clock.now()
-            if not q.insert_prepared(
+            session = q.defer_lock_session(tx, self.client_id, now=now)
+            existing = q.defer_get_request(tx, request.id)
+            prepared = q.defer_count_prepared(tx, self.client_id)
+            inserted = q.defer_insert_prepared(
                 tx,
                 request_id=request.id,
                 client_id=self.client_id,
                 queue=request.queue,
                 body=text,
                 now=now,
-            ):
+            )
+            q.set_last_request(tx, self.client_id, request.id, request.queue, text, now)
+            self._check(session.get())
+            found = existing.get()
+            if found is not None:
+                raise self._duplicate(found)
+            if prepared.get() >= MAX_PREPARED:
+                raise TooManyPrepared(
+                    f"client {self.client_id!r} has {MAX_PREPARED} prepared requests not yet "
+                    "submitted; enqueue, resubmit or drop some (recover() lists them, state A)"
+                )
+            if not inserted.get():
                 raise DuplicateRequest(
                     f"request {request.id!r} is prepared already (state A); use a new id, "
                     "or resubmit it"
                 )
-            q.set_last_request(tx, self.client_id, request.id, request.queue, text, now)
         failpoint("sessions.after_request_prepared")
         return request
 
@@ -149,21 +156,24 @@ class Session:
         if not isinstance(request, Request):
             raise InvalidArgument(f"enqueue takes a Request (from prepare), got {request!r}")
         checked, text = self._new_request(request.queue, request.body, request.id)
-        with self._store.transaction() as tx:
-            self._lock(tx)
-            if not q.insert_request(
+        with self._store.transaction(pipelined=True) as tx:  # pipelined: see prepare
+            now = self.sessions.clock.now()
+            session = q.defer_lock_session(tx, self.client_id, now=now)
+            inserted = q.defer_insert_request(
                 tx,
                 request_id=checked.id,
                 client_id=self.client_id,
                 queue=checked.queue,
                 body=text,
-                now=self.sessions.clock.now(),
-            ):
+                now=now,
+            )
+            q.delete_prepared(tx, self.client_id, checked.id)
+            q.set_last_enqueued(tx, self.client_id, checked.id)
+            self._check(session.get())
+            if not inserted.get():
                 existing = q.get_request(tx, checked.id)
                 assert existing is not None
                 raise self._duplicate(existing)
-            q.delete_prepared(tx, self.client_id, checked.id)
-            q.set_last_enqueued(tx, self.client_id, checked.id)
         failpoint("sessions.after_request_enqueued")
         return checked
 
@@ -269,17 +279,20 @@ class Session:
             q.REPLY_CHANNEL, min_poll=0.01, max_poll=0.05, key=self.client_id
         )
         try:
+            woken = False
             while True:
                 # a read first: idle polling takes no write lock (SQLite) and no row lock
-                # (PostgreSQL), in one statement (one round trip there)
-                if self._reply_waiting(request_id):
+                # (PostgreSQL), in one statement (one round trip there); but woken by an
+                # announcement of a reply to this client, take at once (the read would
+                # find it: one round trip fewer between the server's commit and the take)
+                if woken or self._reply_waiting(request_id):
                     reply = self._take_once(handler, request_id)
                     if reply is not None:
                         return reply
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return None
-                wakeup.wait(min(remaining, 0.05))
+                woken = wakeup.wait(min(remaining, 0.05))
         finally:
             wakeup.close()
 
@@ -291,19 +304,22 @@ class Session:
         return waiting
 
     def _take_once(self, handler: ReplyHandler | None, request_id: str | None) -> Reply | None:
-        with self.sessions.db.transaction() as txn:
+        # pipelined (see prepare): the lock and the take in one round trip, LastDequeued
+        # and the trim sent with the COMMIT (or before the handler runs, unpipelined)
+        with self._store.transaction(pipelined=True), self.sessions.db.transaction() as txn:
             tx = txn.tx
-            s = self._lock(tx)
-            row = q.next_reply(tx, self.client_id, request_id)
+            now = self.sessions.clock.now()
+            session = q.defer_lock_session(tx, self.client_id, now=now)
+            taken = q.defer_take_next_reply(tx, self.client_id, request_id, now=now)
+            s = self._check(session.get())
+            row = taken.get()
             if row is None:
                 return None
-            now = self.sessions.clock.now()
-            if not q.take_reply(tx, str(row["id"]), now=now):
-                return None  # pragma: no cover - the row is locked by next_reply
             q.set_last_dequeued(tx, self.client_id, str(row["id"]))
             q.trim_remembered(tx, self.client_id, int(s["keep_replies"]))
-            reply = reply_of({**row, "taken_at": now})
+            reply = reply_of(row)
             if handler is not None:
+                tx.end_pipeline()  # the handler's statements wait for their results
                 handler(reply, txn)
             failpoint("sessions.client_before_reply_commit")
         failpoint("sessions.after_reply_dequeued")

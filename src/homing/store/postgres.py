@@ -355,16 +355,41 @@ class PostgresStore:
         return self._slot.get()
 
     @contextmanager
-    def transaction(self, *, write: bool = True) -> Iterator[Tx]:
+    def transaction(self, *, write: bool = True, pipelined: bool = False) -> Iterator[Tx]:
         current = self._slot.get()
         if current is not None:
             yield current
+            return
+        if pipelined:
+            with self._pipelined_transaction() as tx:
+                yield tx
+            tx.run_after_commit()
             return
         with self._connection() as conn, conn.transaction():
             tx = Tx(conn, self.sql, self)
             with self._slot.bind(tx):
                 yield tx
         tx.run_after_commit()
+
+    @contextmanager
+    def _pipelined_transaction(self) -> Iterator[Tx]:
+        """A transaction in psycopg's pipeline mode (see ``Store.transaction``). BEGIN and
+        COMMIT are sent as statements, not through ``conn.transaction()``, which waits for
+        its BEGIN in pipeline mode too (a round trip before the first statement)."""
+        with self._connection() as conn:
+            tx = Tx(conn, self.sql, self)
+            tx.enter_pipeline(conn.pipeline())
+            try:
+                tx.execute("BEGIN")
+                with self._slot.bind(tx):
+                    yield tx
+                tx.execute("COMMIT")
+                tx.end_pipeline()  # the COMMIT's round trip; raises what failed before it
+            except BaseException as exc:
+                tx.leave_pipeline(exc)  # waits for what was sent; its errors are the past's
+                if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                    conn.execute("ROLLBACK")
+                raise
 
     @contextmanager
     def statement(self, *, durable: bool = True) -> Iterator[Tx]:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
 
 from homing.clock import Clock
 
@@ -68,6 +68,24 @@ def to_pyformat(sql: str) -> str:
 
 _KEEP_AT_MOST = 32  # savepoints left set at the top of a transaction (see Tx.savepoint)
 
+T = TypeVar("T")
+
+
+class Pending(Generic[T]):
+    """A statement sent with ``Tx.defer`` whose result is read later: ``get()`` waits for
+    it (in a pipelined transaction, for everything queued so far, in one round trip)."""
+
+    __slots__ = ("_convert", "_cursor", "_tx")
+
+    def __init__(self, tx: Tx, cursor: Any, convert: Callable[[Any], T]) -> None:
+        self._tx = tx
+        self._cursor = cursor
+        self._convert = convert
+
+    def get(self) -> T:
+        self._tx.flush()
+        return self._convert(self._cursor)
+
 
 class Tx:
     """One open database transaction.
@@ -88,6 +106,12 @@ class Tx:
         self._active = 0  # savepoint blocks open now
         self._kept = 0  # savepoints ended well and not released (see savepoint)
         self._first_kept = ""
+        # PostgreSQL, a pipelined transaction (PostgresStore.transaction(pipelined=True)):
+        # psycopg's pipeline while statements are sent without waiting for their results,
+        # and whether some were sent since the last wait
+        self._pipe: Any = None
+        self._pipe_block: Any = None  # the ``conn.pipeline()`` block that made it
+        self._queued = False
 
     @property
     def connection(self) -> Any:
@@ -104,10 +128,48 @@ class Tx:
         return to_pyformat(sql) if self.sql.pyformat else sql
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
-        """Run one statement; returns the DB-API cursor."""
+        """Run one statement; returns the DB-API cursor. In a pipelined transaction the
+        statement is only sent: its errors and row count come with the next wait."""
         cur = self.connection.cursor()
         cur.execute(self._sql(sql), tuple(params))
+        if self._pipe is not None:
+            self._queued = True
         return cur
+
+    def defer(self, sql: str, params: Sequence[Any], convert: Callable[[Any], T]) -> Pending[T]:
+        """Send a statement and read its result later, through ``convert(cursor)`` once
+        ``get()`` is called. In a pipelined PostgreSQL transaction the statements deferred
+        one after another (and the BEGIN before them) travel in one round trip; elsewhere
+        the statement runs at once. Either way they run in the order sent, so checks made
+        on the results after later statements were sent hold as if made in between, as
+        long as a failed check raises (the transaction then rolls all of them back)."""
+        return Pending(self, self.execute(sql, params), convert)
+
+    def flush(self) -> None:
+        """Wait for the statements sent without waiting (a pipelined transaction): one
+        round trip, which raises the first error among them. Else nothing to do."""
+        if self._pipe is not None and self._queued:
+            self._queued = False
+            self._pipe.sync()
+
+    def end_pipeline(self) -> None:
+        """Wait for what was sent and leave pipeline mode: from here on every statement
+        waits for its result as usual (call it before code that is not homing's, such as a
+        handler given this transaction)."""
+        self.leave_pipeline(None)
+
+    def enter_pipeline(self, block: AbstractContextManager[Any]) -> None:
+        """Send statements without waiting from here on (the store's ``conn.pipeline()``)."""
+        self._pipe = block.__enter__()
+        self._pipe_block = block
+
+    def leave_pipeline(self, exc: BaseException | None) -> None:
+        """Leave pipeline mode (``end_pipeline``); with ``exc`` (the transaction failed),
+        errors of what was sent are logged by psycopg rather than raised over it."""
+        block, self._pipe, self._pipe_block = self._pipe_block, None, None
+        self._queued = False
+        if block is not None:
+            block.__exit__(None if exc is None else type(exc), exc, None)
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         if not rows:
@@ -116,14 +178,20 @@ class Tx:
         cur.executemany(self._sql(sql), [tuple(r) for r in rows])
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        return list(self.execute(sql, params).fetchall())
+        cur = self.execute(sql, params)
+        self.flush()
+        return list(cur.fetchall())
 
     def query_one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
-        row = self.execute(sql, params).fetchone()
+        cur = self.execute(sql, params)
+        self.flush()
+        row = cur.fetchone()
         return tuple(row) if row is not None else None
 
     def rowcount(self, sql: str, params: Sequence[Any] = ()) -> int:
-        return int(self.execute(sql, params).rowcount)
+        cur = self.execute(sql, params)
+        self.flush()  # in pipeline mode the count arrives with the results
+        return int(cur.rowcount)
 
     def call_after_commit(self, fn: Any) -> None:
         """Run ``fn()`` once this transaction has committed (never if it rolls back)."""
@@ -190,8 +258,18 @@ class Store(Protocol):
     clock: Clock
     durable: bool
 
-    def transaction(self, *, write: bool = True) -> AbstractContextManager[Tx]:
-        """Open a transaction, or join the one this thread/task already has open."""
+    def transaction(
+        self, *, write: bool = True, pipelined: bool = False
+    ) -> AbstractContextManager[Tx]:
+        """Open a transaction, or join the one this thread/task already has open.
+
+        ``pipelined``: on PostgreSQL, statements are sent without waiting for their
+        results until one is read (``Tx.defer``, ``Tx.query``...), the BEGIN with the first
+        of them and the COMMIT with the last: a transaction of a few writes and checks in
+        two round trips instead of one a statement plus two. Only for homing's own
+        transactions whose statements' errors may surface at the next read (``rowcount``
+        waits); ``Tx.end_pipeline()`` before handing the transaction to other code.
+        Elsewhere (SQLite, in process) the same as an ordinary transaction."""
         ...
 
     def statement(self, *, durable: bool = True) -> AbstractContextManager[Tx]:

@@ -10,7 +10,7 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
-from homing.store.protocol import Tx
+from homing.store.protocol import Pending, Tx
 
 SESSION_COLUMNS = (
     "client_id",
@@ -103,25 +103,39 @@ def get_session(tx: Tx, client_id: str) -> dict[str, Any] | None:
 def lock_session(tx: Tx, client_id: str, *, now: float) -> dict[str, Any] | None:
     """Mark the session active and hold its row until commit, so one client's steps
     serialise (and a fenced process sees the newer epoch)."""
-    return _session(
-        tx.query_one(
-            f"UPDATE homing_sessions SET active_at = ? WHERE client_id = ? RETURNING {_S_COLS}",
-            (now, client_id),
-        )
+    return defer_lock_session(tx, client_id, now=now).get()
+
+
+def defer_lock_session(tx: Tx, client_id: str, *, now: float) -> Pending[dict[str, Any] | None]:
+    """``lock_session``, read later (``Tx.defer``): the statements sent after it wait for
+    the lock on the server all the same."""
+    return tx.defer(
+        f"UPDATE homing_sessions SET active_at = ? WHERE client_id = ? RETURNING {_S_COLS}",
+        (now, client_id),
+        _first_session,
     )
+
+
+def _first_session(cur: Any) -> dict[str, Any] | None:
+    return _session(cur.fetchone())
+
+
+def _first_request(cur: Any) -> dict[str, Any] | None:
+    return _request(cur.fetchone())
+
+
+def _one_row_changed(cur: Any) -> bool:
+    return int(cur.rowcount) == 1
 
 
 def set_last_request(
     tx: Tx, client_id: str, request_id: str | None, queue: str | None, body: str | None, now: float
-) -> bool:
+) -> None:
     """Transaction 0: remember the request the client is about to submit (or forget it)."""
-    return (
-        tx.rowcount(
-            "UPDATE homing_sessions SET last_request_id = ?, last_request_queue = ?, "
-            "last_request_body = ?, last_request_at = ? WHERE client_id = ?",
-            (request_id, queue, body, now if request_id is not None else None, client_id),
-        )
-        == 1
+    tx.execute(
+        "UPDATE homing_sessions SET last_request_id = ?, last_request_queue = ?, "
+        "last_request_body = ?, last_request_at = ? WHERE client_id = ?",
+        (request_id, queue, body, now if request_id is not None else None, client_id),
     )
 
 
@@ -144,17 +158,16 @@ def delete_session(tx: Tx, client_id: str) -> bool:
 
 
 # -- prepared requests (Transaction 0) ---------------------------------------------------
-def insert_prepared(
+def defer_insert_prepared(
     tx: Tx, *, request_id: str, client_id: str, queue: str, body: str, now: float
-) -> bool:
-    """Remember a request the client is about to submit; False if the id is prepared already."""
-    return (
-        tx.rowcount(
-            "INSERT INTO homing_session_prepared (id, client_id, queue, body, prepared_at) "
-            "VALUES (?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
-            (request_id, client_id, queue, body, now),
-        )
-        == 1
+) -> Pending[bool]:
+    """Remember a request the client is about to submit; False if the id is prepared
+    already (read later, ``Tx.defer``)."""
+    return tx.defer(
+        "INSERT INTO homing_session_prepared (id, client_id, queue, body, prepared_at) "
+        "VALUES (?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+        (request_id, client_id, queue, body, now),
+        _one_row_changed,
     )
 
 
@@ -173,20 +186,24 @@ def list_prepared(tx: Tx, client_id: str) -> list[dict[str, Any]]:
     return [dict(zip(PREPARED_COLUMNS, r, strict=True)) for r in rows]
 
 
-def count_prepared(tx: Tx, client_id: str) -> int:
-    row = tx.query_one(
-        "SELECT COUNT(*) FROM homing_session_prepared WHERE client_id = ?", (client_id,)
+def defer_count_prepared(tx: Tx, client_id: str) -> Pending[int]:
+    """How many prepared requests the client has (read later, ``Tx.defer``)."""
+    return tx.defer(
+        "SELECT COUNT(*) FROM homing_session_prepared WHERE client_id = ?",
+        (client_id,),
+        _count,
     )
+
+
+def _count(cur: Any) -> int:
+    row = cur.fetchone()
     return int(row[0]) if row else 0
 
 
-def delete_prepared(tx: Tx, client_id: str, request_id: str) -> bool:
-    return (
-        tx.rowcount(
-            "DELETE FROM homing_session_prepared WHERE client_id = ? AND id = ?",
-            (client_id, request_id),
-        )
-        == 1
+def delete_prepared(tx: Tx, client_id: str, request_id: str) -> None:
+    tx.execute(
+        "DELETE FROM homing_session_prepared WHERE client_id = ? AND id = ?",
+        (client_id, request_id),
     )
 
 
@@ -206,27 +223,32 @@ def forget_client(tx: Tx, client_id: str) -> None:
 
 
 # -- requests (Transaction 1) ------------------------------------------------------------
-def insert_request(
+def defer_insert_request(
     tx: Tx, *, request_id: str, client_id: str, queue: str, body: str, now: float
-) -> bool:
-    """Enqueue a request; False if a request with this id exists already (nothing written)."""
-    inserted = (
-        tx.rowcount(
-            "INSERT INTO homing_session_requests (id, client_id, queue, body, state, "
-            "available_at, created_at) VALUES (?, ?, ?, ?, 'queued', ?, ?) "
-            "ON CONFLICT (id) DO NOTHING",
-            (request_id, client_id, queue, body, now, now),
-        )
-        == 1
+) -> Pending[bool]:
+    """Enqueue a request and announce it; False if a request with this id exists already
+    (nothing written; read later, ``Tx.defer``). The announcement is sent with it: when
+    this says False the caller raises, and the rollback takes the announcement back."""
+    inserted = tx.defer(
+        "INSERT INTO homing_session_requests (id, client_id, queue, body, state, "
+        "available_at, created_at) VALUES (?, ?, ?, ?, 'queued', ?, ?) "
+        "ON CONFLICT (id) DO NOTHING",
+        (request_id, client_id, queue, body, now, now),
+        _one_row_changed,
     )
-    if inserted:
-        _notify(tx, REQUEST_CHANNEL)
+    _notify(tx, REQUEST_CHANNEL)
     return inserted
 
 
 def get_request(tx: Tx, request_id: str) -> dict[str, Any] | None:
-    return _request(
-        tx.query_one(f"SELECT {_R_COLS} FROM homing_session_requests WHERE id = ?", (request_id,))
+    return defer_get_request(tx, request_id).get()
+
+
+def defer_get_request(tx: Tx, request_id: str) -> Pending[dict[str, Any] | None]:
+    return tx.defer(
+        f"SELECT {_R_COLS} FROM homing_session_requests WHERE id = ?",
+        (request_id,),
+        _first_request,
     )
 
 
@@ -433,14 +455,30 @@ def next_reply(tx: Tx, client_id: str, request_id: str | None) -> dict[str, Any]
     return _request(row)
 
 
-def take_reply(tx: Tx, request_id: str, *, now: float) -> bool:
-    return (
-        tx.rowcount(
-            "UPDATE homing_session_requests SET state = 'taken', taken_at = ?, remembered = 1 "
-            "WHERE id = ? AND state = 'replied'",
-            (now, request_id),
+def defer_take_next_reply(
+    tx: Tx, client_id: str, request_id: str | None, *, now: float
+) -> Pending[dict[str, Any] | None]:
+    """``next_reply`` taken in the same statement (marked taken and remembered): its row
+    as taken, or None (read later, ``Tx.defer``). Another client process's transaction
+    that holds the row is passed over (on PostgreSQL), as ``next_reply`` does."""
+    lock = tx.sql.skip_locked
+    if request_id is None:
+        pick = (
+            "SELECT id FROM homing_session_requests WHERE client_id = ? AND state = 'replied' "
+            f"ORDER BY replied_at, seq LIMIT 1{lock}"
         )
-        == 1
+        params: tuple[Any, ...] = (client_id,)
+    else:
+        pick = (
+            "SELECT id FROM homing_session_requests WHERE client_id = ? AND id = ? "
+            f"AND state = 'replied'{lock}"
+        )
+        params = (client_id, request_id)
+    return tx.defer(
+        "UPDATE homing_session_requests SET state = 'taken', taken_at = ?, remembered = 1 "
+        f"WHERE id = ({pick}) AND state = 'replied' RETURNING {_R_COLS}",
+        (now, *params),
+        _first_request,
     )
 
 

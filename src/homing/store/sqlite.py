@@ -139,7 +139,7 @@ class SQLiteStore:
         return self._slot.get()
 
     @contextmanager
-    def transaction(self, *, write: bool = True) -> Iterator[Tx]:
+    def transaction(self, *, write: bool = True, pipelined: bool = False) -> Iterator[Tx]:
         current = self._slot.get()
         if current is not None:
             yield current

@@ -1,0 +1,206 @@
+"""Pipelined transactions (``Store.transaction(pipelined=True)``, ``Tx.defer``) on both
+backends: the same outcome as an ordinary transaction, in fewer round trips on PostgreSQL.
+
+The round trips are counted the way a user would notice them: through a proxy that
+delays every packet (``bench/latency_proxy.py``), a round trip costs ~50 ms, so elapsed
+time divided by it says how many there were."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterator
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import pytest
+from bench.latency_proxy import LatencyProxy
+
+import homing
+from homing.sessions import Server, Sessions
+from homing.store import open_store
+from homing.store.protocol import Store, Tx
+
+INTEGRITY = (psycopg.errors.UniqueViolation, sqlite3.IntegrityError)
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[Store]:
+    s = open_store(store_url)
+    s.migrate()
+    with s.transaction() as tx:
+        tx.execute("CREATE TABLE pipe_t (k TEXT PRIMARY KEY, v INTEGER NOT NULL)")
+    yield s
+    s.close()
+
+
+def rows(store: Store) -> dict[str, int]:
+    with store.transaction(write=False) as tx:
+        return {str(k): int(v) for k, v in tx.query("SELECT k, v FROM pipe_t")}
+
+
+def _one(cur: object) -> object:
+    row = cur.fetchone()  # type: ignore[attr-defined]
+    return None if row is None else row[0]
+
+
+def _changed(cur: object) -> int:
+    return int(cur.rowcount)  # type: ignore[attr-defined]
+
+
+def test_deferred_results_arrive_and_the_writes_commit_together(store: Store) -> None:
+    with store.transaction(pipelined=True) as tx:
+        inserted = tx.defer("INSERT INTO pipe_t (k, v) VALUES (?, ?)", ("a", 1), _changed)
+        tx.execute("INSERT INTO pipe_t (k, v) VALUES (?, ?)", ("b", 2))
+        total = tx.defer("SELECT sum(v) FROM pipe_t", (), _one)
+        missing = tx.defer("SELECT v FROM pipe_t WHERE k = ?", ("zz",), _one)
+        assert inserted.get() == 1
+        assert total.get() == 3  # sees the writes sent before it, in order
+        assert missing.get() is None
+        assert tx.rowcount("UPDATE pipe_t SET v = v + 10 WHERE k = ?", ("a",)) == 1
+        assert tx.query_one("SELECT v FROM pipe_t WHERE k = ?", ("a",)) == (11,)
+    assert rows(store) == {"a": 11, "b": 2}
+
+
+def test_a_failed_check_rolls_back_what_was_sent_after_the_checked_statement(
+    store: Store,
+) -> None:
+    class CheckFailed(Exception):
+        pass
+
+    with pytest.raises(CheckFailed):
+        with store.transaction(pipelined=True) as tx:
+            count = tx.defer("SELECT count(*) FROM pipe_t", (), _one)
+            tx.execute("INSERT INTO pipe_t (k, v) VALUES (?, ?)", ("late", 1))
+            if count.get() == 0:
+                raise CheckFailed()
+    assert rows(store) == {}
+    with store.transaction(pipelined=True) as tx:  # the connection is clean again
+        tx.execute("INSERT INTO pipe_t (k, v) VALUES (?, ?)", ("next", 1))
+    assert rows(store) == {"next": 1}
+
+
+def test_a_statement_error_is_raised_at_the_next_read_and_nothing_commits(store: Store) -> None:
+    with store.transaction() as tx:
+        tx.execute("INSERT INTO pipe_t (k, v) VALUES (?, ?)", ("dup", 1))
+    with pytest.raises(INTEGRITY):
+        with store.transaction(pipelined=True) as tx:
+            tx.execute("INSERT INTO pipe_t (k, v) VALUES (?, ?)", ("new", 1))
+            tx.execute("INSERT INTO pipe_t (k, v) VALUES (?, ?)", ("dup", 2))
+            after = tx.defer("SELECT count(*) FROM pipe_t", (), _one)
+            after.get()
+    assert rows(store) == {"dup": 1}
+
+
+def test_an_error_in_the_last_statement_fails_the_commit(store: Store) -> None:
+    with store.transaction() as tx:
+        tx.execute("INSERT INTO pipe_t (k, v) VALUES (?, ?)", ("dup", 1))
+    with pytest.raises(INTEGRITY):
+        with store.transaction(pipelined=True) as tx:
+            tx.execute("INSERT INTO pipe_t (k, v) VALUES (?, ?)", ("new", 1))
+            tx.execute("INSERT INTO pipe_t (k, v) VALUES (?, ?)", ("dup", 2))
+    assert rows(store) == {"dup": 1}
+    assert store.in_transaction() is None
+
+
+def test_after_end_pipeline_statements_wait_for_their_results(store: Store) -> None:
+    with store.transaction(pipelined=True) as tx:
+        tx.execute("INSERT INTO pipe_t (k, v) VALUES (?, ?)", ("a", 1))
+        tx.end_pipeline()
+        cur = tx.execute("UPDATE pipe_t SET v = 5 WHERE k = ?", ("a",))
+        assert cur.rowcount == 1  # a handler's own statements behave as usual
+        tx.connection.execute(tx._sql("INSERT INTO pipe_t (k, v) VALUES (?, ?)"), ("b", 2))
+    assert rows(store) == {"a": 5, "b": 2}
+
+
+# -- round trips, PostgreSQL through a proxy that delays every packet ----------------------
+DELAY_S = 0.025  # each way: a round trip of ~50 ms, far above the statements' own time
+
+
+@pytest.fixture
+def far(store_url: str) -> Iterator[tuple[str, float]]:
+    """The store's URL through the delaying proxy, and a round trip's time there (the
+    tests that use it run on PostgreSQL only: SQLite runs in process, no round trips)."""
+    parts = urlsplit(store_url)
+    assert parts.hostname is not None and parts.port is not None
+    proxy = LatencyProxy((parts.hostname, parts.port), DELAY_S)
+    port = proxy.start()
+    netloc = parts.netloc.replace(f"{parts.hostname}:{parts.port}", f"127.0.0.1:{port}")
+    url = urlunsplit(parts._replace(netloc=netloc))
+    with psycopg.connect(url.split("?")[0], autocommit=True) as conn:
+        conn.execute("SELECT 1")
+        t0 = time.perf_counter()
+        for _ in range(3):
+            conn.execute("SELECT 1")
+        rtt = (time.perf_counter() - t0) / 3
+    yield url, rtt
+    proxy.close()
+
+
+def _five_statements(tx: Tx, k: str) -> None:
+    count = tx.defer("SELECT count(*) FROM pipe_t", (), _one)
+    tx.execute("INSERT INTO pipe_t (k, v) VALUES (?, ?)", (k, 1))
+    changed = tx.defer("UPDATE pipe_t SET v = v + 1 WHERE k = ?", (k,), _changed)
+    tx.execute("INSERT INTO pipe_t (k, v) VALUES (?, ?)", (k + "2", 1))
+    value = tx.defer("SELECT v FROM pipe_t WHERE k = ?", (k,), _one)
+    assert count.get() is not None and changed.get() == 1 and value.get() == 2
+
+
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)
+def test_a_pipelined_transaction_of_five_statements_takes_two_round_trips(
+    store: Store, far: tuple[str, float]
+) -> None:
+    url, rtt = far
+    remote = open_store(url)
+
+    def round_trips(pipelined: bool, k: str) -> float:
+        """The fewest round trips of three tries (the store now and then drops its
+        prepared statements, a round trip more; see postgres._Replanner)."""
+        best = float("inf")
+        for n in range(3):
+            t0 = time.perf_counter()
+            with remote.transaction(pipelined=pipelined) as tx:
+                _five_statements(tx, f"{k}{n}")
+            best = min(best, (time.perf_counter() - t0) / rtt)
+        return best
+
+    try:
+        round_trips(False, "warm")  # pool connections, prepared statements
+        round_trips(True, "warm-p")
+        plain = round_trips(False, "plain")
+        piped = round_trips(True, "piped")
+    finally:
+        remote.close()
+    # BEGIN, five statements and COMMIT: seven round trips, or two (BEGIN to the first
+    # read, then the COMMIT)
+    assert plain >= 6.5, plain
+    assert piped <= 2.6, piped
+    assert rows(store)["piped0"] == 2
+
+
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)
+def test_a_sessions_submit_and_take_are_two_round_trips_a_transaction(
+    store_url: str, far: tuple[str, float]
+) -> None:
+    url, rtt = far
+    homing.connect(store_url).close()  # the schema, migrated without the delay
+    db = homing.connect(url, migrate=False, pool_size=4)
+    try:
+        session = Sessions(db).open("far-client")
+        server = Server(db, "far", lambda request, txn: request.body)
+        session.submit("far", {"warm": 1})
+        server.process_one()
+        assert session.take_reply(timeout=5) is not None
+        t0 = time.perf_counter()
+        request = session.submit("far", {"n": 1})  # Transactions 0 and 1
+        submit = (time.perf_counter() - t0) / rtt
+        assert server.process_one()
+        t0 = time.perf_counter()
+        reply = session.take_reply(request_id=request.id, timeout=5)  # a read, then T3
+        take = (time.perf_counter() - t0) / rtt
+    finally:
+        db.close()
+    assert reply is not None and reply.body == {"n": 1}
+    # were 7 + 7 and 1 + 7 round trips (a statement each, BEGIN and COMMIT apart)
+    assert submit <= 5.0, submit
+    assert take <= 3.6, take
