@@ -148,7 +148,7 @@ class Tx:
     def flush(self) -> None:
         """Wait for the statements sent without waiting (a pipelined transaction): one
         round trip, which raises the first error among them. Else nothing to do."""
-        if self._pipe is not None and self._queued:
+        if self._queued:  # only ever set in pipeline mode
             self._queued = False
             self._pipe.sync()
 
@@ -176,21 +176,26 @@ class Tx:
             return
         cur = self.connection.cursor()
         cur.executemany(self._sql(sql), [tuple(r) for r in rows])
+        if self._pipe is not None:
+            self._queued = True
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         cur = self.execute(sql, params)
-        self.flush()
+        if self._queued:
+            self.flush()
         return list(cur.fetchall())
 
     def query_one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
         cur = self.execute(sql, params)
-        self.flush()
+        if self._queued:
+            self.flush()
         row = cur.fetchone()
         return tuple(row) if row is not None else None
 
     def rowcount(self, sql: str, params: Sequence[Any] = ()) -> int:
         cur = self.execute(sql, params)
-        self.flush()  # in pipeline mode the count arrives with the results
+        if self._queued:  # in pipeline mode the count arrives with the results
+            self.flush()
         return int(cur.rowcount)
 
     def call_after_commit(self, fn: Any) -> None:
