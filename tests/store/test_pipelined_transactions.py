@@ -17,6 +17,7 @@ import pytest
 from bench.latency_proxy import LatencyProxy
 
 import homing
+from homing.errors import StoreUnavailable
 from homing.sessions import Server, Sessions
 from homing.store import open_store
 from homing.store.protocol import Store, Tx
@@ -204,3 +205,22 @@ def test_a_sessions_submit_and_take_are_two_round_trips_a_transaction(
     # were 7 + 7 and 1 + 7 round trips (a statement each, BEGIN and COMMIT apart)
     assert submit <= 5.0, submit
     assert take <= 3.6, take
+
+
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)
+def test_a_connection_lost_in_a_pipelined_transaction_is_store_unavailable(
+    store: Store, store_url: str
+) -> None:
+    """The server ends the session between two round trips: the caller gets homing's
+    error (the outcome unknown, nothing of it committed), and the store goes on."""
+    with pytest.raises(StoreUnavailable):
+        with store.transaction(pipelined=True) as tx:
+            tx.execute("INSERT INTO pipe_t (k, v) VALUES (?, ?)", ("lost", 1))
+            pid = tx.defer("SELECT pg_backend_pid()", (), _one).get()
+            with psycopg.connect(store_url.split("?")[0], autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            tx.defer("SELECT count(*) FROM pipe_t", (), _one).get()
+    assert rows(store) == {}
+    with store.transaction(pipelined=True) as tx:
+        tx.execute("INSERT INTO pipe_t (k, v) VALUES (?, ?)", ("after", 1))
+    assert rows(store) == {"after": 1}

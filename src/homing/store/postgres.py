@@ -38,6 +38,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from homing.store import postgres_upkeep as upkeep  # needs psycopg: after the check above
 
 _log = logging.getLogger("homing.store")
+_OPEN_TX = (psycopg.pq.TransactionStatus.INTRANS, psycopg.pq.TransactionStatus.INERROR)
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _HOMING_OPTIONS = ("schema", "pool_size", "durable", "connect_timeout_s")
@@ -387,7 +388,8 @@ class PostgresStore:
                 tx.end_pipeline()  # the COMMIT's round trip; raises what failed before it
             except BaseException as exc:
                 tx.leave_pipeline(exc)  # waits for what was sent; its errors are the past's
-                if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                # a lost connection (UNKNOWN) is left to the pool, which discards it
+                if conn.info.transaction_status in _OPEN_TX:
                     conn.execute("ROLLBACK")
                 raise
 
