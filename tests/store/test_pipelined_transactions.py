@@ -20,6 +20,7 @@ import homing
 from homing.errors import StoreUnavailable
 from homing.sessions import Server, Sessions
 from homing.store import open_store
+from homing.store.postgres import _Replanner
 from homing.store.protocol import Store, Tx
 
 INTEGRITY = (psycopg.errors.UniqueViolation, sqlite3.IntegrityError)
@@ -119,9 +120,15 @@ DELAY_S = 0.025  # each way: a round trip of ~50 ms, far above the statements' o
 
 
 @pytest.fixture
-def far(store_url: str) -> Iterator[tuple[str, float]]:
+def far(store_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, float]]:
     """The store's URL through the delaying proxy, and a round trip's time there (the
-    tests that use it run on PostgreSQL only: SQLite runs in process, no round trips)."""
+    tests that use it run on PostgreSQL only: SQLite runs in process, no round trips).
+
+    The store's re-planning (``postgres._Replanner``: DEALLOCATE ALL at 0.25, 0.75, 1.75 s
+    ... of a connection's life, then psycopg prepares each statement again at its 5th run,
+    one round trip each outside a pipeline) is switched off here, and the tests warm up
+    with five runs of what they time, so that the count is the path's own."""
+    monkeypatch.setattr(_Replanner, "check", lambda self, conn: None)
     parts = urlsplit(store_url)
     assert parts.hostname is not None and parts.port is not None
     proxy = LatencyProxy((parts.hostname, parts.port), DELAY_S)
@@ -154,11 +161,10 @@ def test_a_pipelined_transaction_of_five_statements_takes_two_round_trips(
     url, rtt = far
     remote = open_store(url)
 
-    def round_trips(pipelined: bool, k: str) -> float:
-        """The fewest round trips of three tries (the store now and then drops its
-        prepared statements, a round trip more; see postgres._Replanner)."""
+    def round_trips(pipelined: bool, k: str, tries: int = 3) -> float:
+        """The fewest round trips of ``tries`` (a thread of the proxy late now and then)."""
         best = float("inf")
-        for n in range(3):
+        for n in range(tries):
             t0 = time.perf_counter()
             with remote.transaction(pipelined=pipelined) as tx:
                 _five_statements(tx, f"{k}{n}")
@@ -166,8 +172,8 @@ def test_a_pipelined_transaction_of_five_statements_takes_two_round_trips(
         return best
 
     try:
-        round_trips(False, "warm")  # pool connections, prepared statements
-        round_trips(True, "warm-p")
+        round_trips(False, "warm", tries=5)  # pool connections, prepared statements
+        round_trips(True, "warm-p", tries=5)
         plain = round_trips(False, "plain")
         piped = round_trips(True, "piped")
     finally:
@@ -186,25 +192,28 @@ def test_a_sessions_submit_and_take_are_two_round_trips_a_transaction(
     url, rtt = far
     homing.connect(store_url).close()  # the schema, migrated without the delay
     db = homing.connect(url, migrate=False, pool_size=4)
+    submits: list[float] = []
+    takes: list[float] = []
     try:
         session = Sessions(db).open("far-client")
         server = Server(db, "far", lambda request, txn: request.body)
-        session.submit("far", {"warm": 1})
-        server.process_one()
-        assert session.take_reply(timeout=5) is not None
-        t0 = time.perf_counter()
-        request = session.submit("far", {"n": 1})  # Transactions 0 and 1
-        submit = (time.perf_counter() - t0) / rtt
-        assert server.process_one()
-        t0 = time.perf_counter()
-        reply = session.take_reply(request_id=request.id, timeout=5)  # a read, then T3
-        take = (time.perf_counter() - t0) / rtt
+        for n in range(8):  # five to warm up (statements prepared at their 5th run), three timed
+            t0 = time.perf_counter()
+            request = session.submit("far", {"n": n})  # Transactions 0 and 1
+            submit = (time.perf_counter() - t0) / rtt
+            assert server.process_one()
+            t0 = time.perf_counter()
+            reply = session.take_reply(request_id=request.id, timeout=5)  # a read, then T3
+            take = (time.perf_counter() - t0) / rtt
+            assert reply is not None and reply.body == {"n": n}
+            if n >= 5:
+                submits.append(submit)
+                takes.append(take)
     finally:
         db.close()
-    assert reply is not None and reply.body == {"n": 1}
     # were 7 + 7 and 1 + 7 round trips (a statement each, BEGIN and COMMIT apart)
-    assert submit <= 5.0, submit
-    assert take <= 3.6, take
+    assert min(submits) <= 4.6, submits
+    assert min(takes) <= 3.6, takes
 
 
 @pytest.mark.parametrize("backend", ["postgres"], indirect=True)
