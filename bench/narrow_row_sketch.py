@@ -64,7 +64,7 @@ SPLIT_COMPLETE = (
 
 def split_layout(jobs: int) -> dict[str, Any]:
     payload = json.dumps({"i": 1, "p": "x" * 80})
-    with scratch_schema("narrow") as (admin, conn, _schema):
+    with scratch_schema("narrow") as (admin, conn, schema):
         for ddl in SPLIT_DDL:
             conn.execute(ddl)
 
@@ -75,7 +75,7 @@ def split_layout(jobs: int) -> dict[str, Any]:
             (seq,) = conn.execute(SPLIT_GRAB, (lease, now + 60, now + 1)).fetchone()  # type: ignore[misc]
             conn.execute(SPLIT_COMPLETE, (seq, lease, now))
 
-        return wal_of(admin, one, jobs, 1)
+        return wal_of(admin, one, jobs, 1, schema)
 
 
 def main() -> int:

@@ -32,9 +32,21 @@ import homing  # noqa: E402
 from bench.grab_cost import PG, RAW_DDL, RAW_GRAB  # noqa: E402
 
 PAYLOAD = {"i": 1, "p": "x" * 80}
+# Only the records of the measured schema's relations, and the commits of the transactions
+# that wrote them: the server's WAL is shared, and another session writing meanwhile (a
+# test run beside this one) counted in its records too ({'raw': 148.4} B-tree leaf
+# insertions a job once). {rels} is an alternation of the schema's file node numbers.
 RECORDS = (
+    "WITH r AS (SELECT * FROM pg_get_wal_records_info(%s, %s)), "
+    "mine AS (SELECT * FROM r WHERE block_ref ~ 'rel [0-9]+/[0-9]+/({rels})\\M'), "
+    "xids AS (SELECT DISTINCT xid FROM mine WHERE xid <> '0') "
     "SELECT resource_manager, record_type, count(*), sum(record_length), sum(fpi_length) "
-    "FROM pg_get_wal_records_info(%s, %s) GROUP BY 1, 2 ORDER BY 4 DESC"
+    "FROM (SELECT * FROM mine UNION ALL SELECT * FROM r WHERE resource_manager = 'Transaction' "
+    "AND xid IN (SELECT xid FROM xids)) w GROUP BY 1, 2 ORDER BY 4 DESC"
+)
+FILE_NODES = (
+    "SELECT pg_relation_filenode(c.oid) FROM pg_class c WHERE c.relnamespace = %s::regnamespace "
+    "AND pg_relation_filenode(c.oid) IS NOT NULL"
 )
 
 
@@ -68,10 +80,15 @@ def scratch_schema(tag: str) -> Iterator[tuple[psycopg.Connection, psycopg.Conne
 
 
 def wal_of(
-    admin: psycopg.Connection, run: Callable[[], None], rounds: int, jobs_per_round: int
+    admin: psycopg.Connection,
+    run: Callable[[], None],
+    rounds: int,
+    jobs_per_round: int,
+    schema: str,
 ) -> dict[str, Any]:
     """WAL records per job of ``rounds`` calls of ``run``, after a warm-up, a CHECKPOINT
-    and three more calls (so that full-page images are mostly of the pages new rows open)."""
+    and three more calls (so that full-page images are mostly of the pages new rows open);
+    only those of ``schema``'s relations and their transactions' commits (see RECORDS)."""
     for _ in range(max(3, 30 // jobs_per_round)):
         run()
     admin.execute("CHECKPOINT")
@@ -84,7 +101,9 @@ def wal_of(
     admin.execute("SELECT txid_current()")
     time.sleep(0.3)
     end = admin.execute("SELECT pg_current_wal_flush_lsn()").fetchone()[0]  # type: ignore[index]
-    rows = admin.execute(RECORDS, (start, end)).fetchall()
+    nodes = [int(r[0]) for r in admin.execute(FILE_NODES, (schema,)).fetchall()]
+    sql = RECORDS.replace("{rels}", "|".join(str(n) for n in nodes))  # integers only
+    rows = admin.execute(sql, (start, end)).fetchall()  # type: ignore[call-overload]
     n = rounds * jobs_per_round
     records = [
         {
@@ -109,11 +128,11 @@ def measure(side: str, jobs: int, batch: int) -> dict[str, Any]:
         if side == "raw":
             for ddl in RAW_DDL:
                 conn.execute(ddl)
-            return wal_of(admin, lambda: _raw_round(conn, batch), rounds, batch)
+            return wal_of(admin, lambda: _raw_round(conn, batch), rounds, batch, schema)
         db = homing.connect(f"{PG}?schema={schema}")
         assert isinstance(db, homing.Database)
         try:
-            return wal_of(admin, lambda: _homing_round(db, batch), rounds, batch)
+            return wal_of(admin, lambda: _homing_round(db, batch), rounds, batch, schema)
         finally:
             db.close()
 
