@@ -19,7 +19,7 @@ from bench.latency_proxy import LatencyProxy
 import homing
 from homing.errors import StoreUnavailable
 from homing.sessions import Server, Sessions
-from homing.store import open_store
+from homing.store import open_store, postgres
 from homing.store.postgres import _Replanner
 from homing.store.protocol import Store, Tx
 
@@ -103,6 +103,19 @@ def test_an_error_in_the_last_statement_fails_the_commit(store: Store) -> None:
             tx.execute("INSERT INTO pipe_t (k, v) VALUES (?, ?)", ("dup", 2))
     assert rows(store) == {"dup": 1}
     assert store.in_transaction() is None
+
+
+def test_without_pipeline_mode_a_pipelined_transaction_is_an_ordinary_one(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A psycopg on a libpq older than 14 has no pipeline mode: the same code still works."""
+    monkeypatch.setattr(postgres, "PIPELINE_MODE", False)
+    with store.transaction(pipelined=True) as tx:
+        assert tx._pipe is None
+        inserted = tx.defer("INSERT INTO pipe_t (k, v) VALUES (?, ?)", ("a", 1), _changed)
+        assert inserted.get() == 1
+        tx.end_pipeline()
+    assert rows(store) == {"a": 1}
 
 
 def test_after_end_pipeline_statements_wait_for_their_results(store: Store) -> None:

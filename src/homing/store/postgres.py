@@ -39,6 +39,9 @@ from homing.store import postgres_upkeep as upkeep  # needs psycopg: after the c
 
 _log = logging.getLogger("homing.store")
 _OPEN_TX = (psycopg.pq.TransactionStatus.INTRANS, psycopg.pq.TransactionStatus.INERROR)
+# Pipeline mode needs libpq 14 or later: psycopg[binary] brings its own, a psycopg built
+# on an older system libpq does not have it, and a pipelined transaction is then ordinary.
+PIPELINE_MODE = psycopg.capabilities.has_pipeline()
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _HOMING_OPTIONS = ("schema", "pool_size", "durable", "connect_timeout_s")
@@ -361,7 +364,7 @@ class PostgresStore:
         if current is not None:
             yield current
             return
-        if pipelined:
+        if pipelined and PIPELINE_MODE:
             with self._pipelined_transaction() as tx:
                 yield tx
             tx.run_after_commit()
