@@ -21,6 +21,7 @@ import collections
 import socket
 import threading
 import time
+from urllib.parse import urlsplit, urlunsplit
 
 
 def _pipe(src: socket.socket, dst: socket.socket, delay_s: float) -> None:
@@ -79,6 +80,19 @@ def _serve(client: socket.socket, target: tuple[str, int], delay_s: float) -> No
     upstream.close()
 
 
+def round_trip_s(url: str, tries: int = 3) -> float:
+    """A ``SELECT 1`` round trip's seconds on a new connection to ``url`` (homing's own
+    URL options, after ``?``, left out), the mean of ``tries`` after one to warm up."""
+    import psycopg
+
+    with psycopg.connect(url.split("?", 1)[0], autocommit=True) as conn:
+        conn.execute("SELECT 1")
+        t0 = time.perf_counter()
+        for _ in range(tries):
+            conn.execute("SELECT 1")
+        return (time.perf_counter() - t0) / tries
+
+
 class LatencyProxy:
     """The proxy on threads of this process: ``start()`` returns the port it listens on
     (127.0.0.1); forwards to ``target`` with ``delay_s`` added each way."""
@@ -89,11 +103,25 @@ class LatencyProxy:
         self._server = socket.create_server(("127.0.0.1", port))
         self.port = int(self._server.getsockname()[1])
 
+    @classmethod
+    def before(cls, url: str, delay_s: float) -> LatencyProxy:
+        """A proxy in front of the server of the PostgreSQL ``url``, not yet started."""
+        parts = urlsplit(url)
+        return cls((parts.hostname or "127.0.0.1", parts.port or 5432), delay_s)
+
+    def url(self, url: str) -> str:
+        """``url`` with its host and port replaced by this proxy's (started)."""
+        parts = urlsplit(url)
+        netloc = parts.netloc.rsplit("@", 1)
+        netloc[-1] = f"127.0.0.1:{self.port}"
+        return urlunsplit(parts._replace(netloc="@".join(netloc)))
+
     def start(self) -> int:
-        threading.Thread(target=self._accept, name="latency-proxy", daemon=True).start()
+        threading.Thread(target=self.serve_forever, name="latency-proxy", daemon=True).start()
         return self.port
 
-    def _accept(self) -> None:
+    def serve_forever(self) -> None:
+        """Accept and forward connections until ``close()``."""
         while True:
             try:
                 client, _ = self._server.accept()
@@ -119,7 +147,7 @@ def main() -> int:
         (host, int(port)), args.delay_ms / 1000, int(args.listen.rsplit(":", 1)[1])
     )
     print(f"proxy 127.0.0.1:{proxy.port} -> {args.to}, +{args.delay_ms:g} ms each way", flush=True)
-    proxy._accept()
+    proxy.serve_forever()
     return 0
 
 

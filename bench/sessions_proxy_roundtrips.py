@@ -18,12 +18,10 @@ import sys
 import time
 from pathlib import Path
 
-import psycopg
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import homing
-from bench.latency_proxy import LatencyProxy
+from bench.latency_proxy import LatencyProxy, round_trip_s
 from homing.sessions import Server, Sessions
 
 PG = os.environ.get("HOMING_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
@@ -34,16 +32,10 @@ def main() -> int:
     ap.add_argument("--delay-ms", type=float, default=25.0, help="added each way")
     ap.add_argument("--requests", type=int, default=3)
     args = ap.parse_args()
-    host_port = PG.split("@", 1)[1].split("/", 1)[0]
-    host, port = host_port.rsplit(":", 1)
-    proxy = LatencyProxy((host, int(port)), args.delay_ms / 1000)
-    far = PG.replace(host_port, f"127.0.0.1:{proxy.start()}")
-    with psycopg.connect(far, autocommit=True) as conn:
-        conn.execute("SELECT 1")
-        t0 = time.perf_counter()
-        for _ in range(3):
-            conn.execute("SELECT 1")
-        rtt = (time.perf_counter() - t0) / 3
+    proxy = LatencyProxy.before(PG, args.delay_ms / 1000)
+    proxy.start()
+    far = proxy.url(PG)
+    rtt = round_trip_s(far)
     schema = "bench_sessions_proxy_rt"
     homing.connect(f"{PG}?schema={schema}").close()  # migrated without the delay
     db = homing.connect(f"{far}?schema={schema}", migrate=False, pool_size=4)

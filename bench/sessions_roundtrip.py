@@ -15,12 +15,17 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 import homing
+from bench.latency_proxy import round_trip_s
 from homing.sessions import Server, Sessions
 
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/test"
@@ -153,6 +158,8 @@ def main() -> None:
     for backend, url, servers in targets:
         if backend not in backends:
             continue
+        if backend == "postgres":  # how far the server is (bench/latency_proxy.py)
+            print(f"postgresql SELECT 1 round trip {round_trip_s(url) * 1e6:,.0f} us", flush=True)
         for apart in placements:
             for clients in (int(c) for c in args.clients.split(",")):
                 row = run_one(url, clients, servers, args.seconds, apart)

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,21 +20,7 @@ from homing.store import open_store
 from homing.store.postgres import _Replanner
 from homing.store.protocol import Capabilities, Store
 from tests.conftest import StoreFactory
-
-
-@pytest.fixture
-def store(store_url: str) -> Iterator[Store]:
-    s = open_store(store_url)
-    s.migrate()
-    with s.transaction() as tx:
-        tx.execute("CREATE TABLE contract_t (k TEXT PRIMARY KEY, v INTEGER NOT NULL)")
-    yield s
-    s.close()
-
-
-def rows(store: Store) -> dict[str, int]:
-    with store.transaction(write=False) as tx:
-        return {str(k): int(v) for k, v in tx.query("SELECT k, v FROM contract_t")}
+from tests.store.conftest import rows
 
 
 def put(tx, k: str, v: int) -> None:  # type: ignore[no-untyped-def]

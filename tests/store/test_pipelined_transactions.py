@@ -10,11 +10,10 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections.abc import Iterator
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
-from bench.latency_proxy import LatencyProxy
+from bench.latency_proxy import LatencyProxy, round_trip_s
 
 import homing
 from homing.errors import StoreUnavailable
@@ -22,23 +21,9 @@ from homing.sessions import Server, Sessions
 from homing.store import open_store, postgres
 from homing.store.postgres import _Replanner
 from homing.store.protocol import Store, Tx
+from tests.store.conftest import rows
 
 INTEGRITY = (psycopg.errors.UniqueViolation, sqlite3.IntegrityError)
-
-
-@pytest.fixture
-def store(store_url: str) -> Iterator[Store]:
-    s = open_store(store_url)
-    s.migrate()
-    with s.transaction() as tx:
-        tx.execute("CREATE TABLE pipe_t (k TEXT PRIMARY KEY, v INTEGER NOT NULL)")
-    yield s
-    s.close()
-
-
-def rows(store: Store) -> dict[str, int]:
-    with store.transaction(write=False) as tx:
-        return {str(k): int(v) for k, v in tx.query("SELECT k, v FROM pipe_t")}
 
 
 def _one(cur: object) -> object:
@@ -52,15 +37,15 @@ def _changed(cur: object) -> int:
 
 def test_deferred_results_arrive_and_the_writes_commit_together(store: Store) -> None:
     with store.transaction(pipelined=True) as tx:
-        inserted = tx.defer("INSERT INTO pipe_t (k, v) VALUES (?, ?)", ("a", 1), _changed)
-        tx.execute("INSERT INTO pipe_t (k, v) VALUES (?, ?)", ("b", 2))
-        total = tx.defer("SELECT sum(v) FROM pipe_t", (), _one)
-        missing = tx.defer("SELECT v FROM pipe_t WHERE k = ?", ("zz",), _one)
+        inserted = tx.defer("INSERT INTO contract_t (k, v) VALUES (?, ?)", ("a", 1), _changed)
+        tx.execute("INSERT INTO contract_t (k, v) VALUES (?, ?)", ("b", 2))
+        total = tx.defer("SELECT sum(v) FROM contract_t", (), _one)
+        missing = tx.defer("SELECT v FROM contract_t WHERE k = ?", ("zz",), _one)
         assert inserted.get() == 1
         assert total.get() == 3  # sees the writes sent before it, in order
         assert missing.get() is None
-        assert tx.rowcount("UPDATE pipe_t SET v = v + 10 WHERE k = ?", ("a",)) == 1
-        assert tx.query_one("SELECT v FROM pipe_t WHERE k = ?", ("a",)) == (11,)
+        assert tx.rowcount("UPDATE contract_t SET v = v + 10 WHERE k = ?", ("a",)) == 1
+        assert tx.query_one("SELECT v FROM contract_t WHERE k = ?", ("a",)) == (11,)
     assert rows(store) == {"a": 11, "b": 2}
 
 
@@ -72,35 +57,28 @@ def test_a_failed_check_rolls_back_what_was_sent_after_the_checked_statement(
 
     with pytest.raises(CheckFailed):
         with store.transaction(pipelined=True) as tx:
-            count = tx.defer("SELECT count(*) FROM pipe_t", (), _one)
-            tx.execute("INSERT INTO pipe_t (k, v) VALUES (?, ?)", ("late", 1))
+            count = tx.defer("SELECT count(*) FROM contract_t", (), _one)
+            tx.execute("INSERT INTO contract_t (k, v) VALUES (?, ?)", ("late", 1))
             if count.get() == 0:
                 raise CheckFailed()
     assert rows(store) == {}
     with store.transaction(pipelined=True) as tx:  # the connection is clean again
-        tx.execute("INSERT INTO pipe_t (k, v) VALUES (?, ?)", ("next", 1))
+        tx.execute("INSERT INTO contract_t (k, v) VALUES (?, ?)", ("next", 1))
     assert rows(store) == {"next": 1}
 
 
-def test_a_statement_error_is_raised_at_the_next_read_and_nothing_commits(store: Store) -> None:
+@pytest.mark.parametrize("read_after", [True, False], ids=["at-the-next-read", "at-the-commit"])
+def test_a_statement_error_is_raised_and_nothing_commits(store: Store, read_after: bool) -> None:
+    """A failed statement's error comes with the next read, or with the COMMIT when no
+    read follows it."""
     with store.transaction() as tx:
-        tx.execute("INSERT INTO pipe_t (k, v) VALUES (?, ?)", ("dup", 1))
+        tx.execute("INSERT INTO contract_t (k, v) VALUES (?, ?)", ("dup", 1))
     with pytest.raises(INTEGRITY):
         with store.transaction(pipelined=True) as tx:
-            tx.execute("INSERT INTO pipe_t (k, v) VALUES (?, ?)", ("new", 1))
-            tx.execute("INSERT INTO pipe_t (k, v) VALUES (?, ?)", ("dup", 2))
-            after = tx.defer("SELECT count(*) FROM pipe_t", (), _one)
-            after.get()
-    assert rows(store) == {"dup": 1}
-
-
-def test_an_error_in_the_last_statement_fails_the_commit(store: Store) -> None:
-    with store.transaction() as tx:
-        tx.execute("INSERT INTO pipe_t (k, v) VALUES (?, ?)", ("dup", 1))
-    with pytest.raises(INTEGRITY):
-        with store.transaction(pipelined=True) as tx:
-            tx.execute("INSERT INTO pipe_t (k, v) VALUES (?, ?)", ("new", 1))
-            tx.execute("INSERT INTO pipe_t (k, v) VALUES (?, ?)", ("dup", 2))
+            tx.execute("INSERT INTO contract_t (k, v) VALUES (?, ?)", ("new", 1))
+            tx.execute("INSERT INTO contract_t (k, v) VALUES (?, ?)", ("dup", 2))
+            if read_after:
+                tx.defer("SELECT count(*) FROM contract_t", (), _one).get()
     assert rows(store) == {"dup": 1}
     assert store.in_transaction() is None
 
@@ -112,7 +90,7 @@ def test_without_pipeline_mode_a_pipelined_transaction_is_an_ordinary_one(
     monkeypatch.setattr(postgres, "PIPELINE_MODE", False)
     with store.transaction(pipelined=True) as tx:
         assert tx._pipe is None
-        inserted = tx.defer("INSERT INTO pipe_t (k, v) VALUES (?, ?)", ("a", 1), _changed)
+        inserted = tx.defer("INSERT INTO contract_t (k, v) VALUES (?, ?)", ("a", 1), _changed)
         assert inserted.get() == 1
         tx.end_pipeline()
     assert rows(store) == {"a": 1}
@@ -120,11 +98,11 @@ def test_without_pipeline_mode_a_pipelined_transaction_is_an_ordinary_one(
 
 def test_after_end_pipeline_statements_wait_for_their_results(store: Store) -> None:
     with store.transaction(pipelined=True) as tx:
-        tx.execute("INSERT INTO pipe_t (k, v) VALUES (?, ?)", ("a", 1))
+        tx.execute("INSERT INTO contract_t (k, v) VALUES (?, ?)", ("a", 1))
         tx.end_pipeline()
-        cur = tx.execute("UPDATE pipe_t SET v = 5 WHERE k = ?", ("a",))
+        cur = tx.execute("UPDATE contract_t SET v = 5 WHERE k = ?", ("a",))
         assert cur.rowcount == 1  # a handler's own statements behave as usual
-        tx.connection.execute(tx._sql("INSERT INTO pipe_t (k, v) VALUES (?, ?)"), ("b", 2))
+        tx.connection.execute(tx._sql("INSERT INTO contract_t (k, v) VALUES (?, ?)"), ("b", 2))
     assert rows(store) == {"a": 5, "b": 2}
 
 
@@ -142,28 +120,19 @@ def far(store_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, 
     one round trip each outside a pipeline) is switched off here, and the tests warm up
     with five runs of what they time, so that the count is the path's own."""
     monkeypatch.setattr(_Replanner, "check", lambda self, conn: None)
-    parts = urlsplit(store_url)
-    assert parts.hostname is not None and parts.port is not None
-    proxy = LatencyProxy((parts.hostname, parts.port), DELAY_S)
-    port = proxy.start()
-    netloc = parts.netloc.replace(f"{parts.hostname}:{parts.port}", f"127.0.0.1:{port}")
-    url = urlunsplit(parts._replace(netloc=netloc))
-    with psycopg.connect(url.split("?")[0], autocommit=True) as conn:
-        conn.execute("SELECT 1")
-        t0 = time.perf_counter()
-        for _ in range(3):
-            conn.execute("SELECT 1")
-        rtt = (time.perf_counter() - t0) / 3
-    yield url, rtt
+    proxy = LatencyProxy.before(store_url, DELAY_S)
+    proxy.start()
+    url = proxy.url(store_url)
+    yield url, round_trip_s(url)
     proxy.close()
 
 
 def _five_statements(tx: Tx, k: str) -> None:
-    count = tx.defer("SELECT count(*) FROM pipe_t", (), _one)
-    tx.execute("INSERT INTO pipe_t (k, v) VALUES (?, ?)", (k, 1))
-    changed = tx.defer("UPDATE pipe_t SET v = v + 1 WHERE k = ?", (k,), _changed)
-    tx.execute("INSERT INTO pipe_t (k, v) VALUES (?, ?)", (k + "2", 1))
-    value = tx.defer("SELECT v FROM pipe_t WHERE k = ?", (k,), _one)
+    count = tx.defer("SELECT count(*) FROM contract_t", (), _one)
+    tx.execute("INSERT INTO contract_t (k, v) VALUES (?, ?)", (k, 1))
+    changed = tx.defer("UPDATE contract_t SET v = v + 1 WHERE k = ?", (k,), _changed)
+    tx.execute("INSERT INTO contract_t (k, v) VALUES (?, ?)", (k + "2", 1))
+    value = tx.defer("SELECT v FROM contract_t WHERE k = ?", (k,), _one)
     assert count.get() is not None and changed.get() == 1 and value.get() == 2
 
 
@@ -237,12 +206,12 @@ def test_a_connection_lost_in_a_pipelined_transaction_is_store_unavailable(
     error (the outcome unknown, nothing of it committed), and the store goes on."""
     with pytest.raises(StoreUnavailable):
         with store.transaction(pipelined=True) as tx:
-            tx.execute("INSERT INTO pipe_t (k, v) VALUES (?, ?)", ("lost", 1))
+            tx.execute("INSERT INTO contract_t (k, v) VALUES (?, ?)", ("lost", 1))
             pid = tx.defer("SELECT pg_backend_pid()", (), _one).get()
             with psycopg.connect(store_url.split("?")[0], autocommit=True) as admin:
                 admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
-            tx.defer("SELECT count(*) FROM pipe_t", (), _one).get()
+            tx.defer("SELECT count(*) FROM contract_t", (), _one).get()
     assert rows(store) == {}
     with store.transaction(pipelined=True) as tx:
-        tx.execute("INSERT INTO pipe_t (k, v) VALUES (?, ?)", ("after", 1))
+        tx.execute("INSERT INTO contract_t (k, v) VALUES (?, ?)", ("after", 1))
     assert rows(store) == {"after": 1}

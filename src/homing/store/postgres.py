@@ -390,7 +390,7 @@ class PostgresStore:
                 tx.execute("COMMIT")
                 tx.end_pipeline()  # the COMMIT's round trip; raises what failed before it
             except BaseException as exc:
-                tx.leave_pipeline(exc)  # waits for what was sent; its errors are the past's
+                tx.end_pipeline(exc)  # waits for what was sent; its errors are the past's
                 # a lost connection (UNKNOWN) is left to the pool, which discards it
                 if conn.info.transaction_status in _OPEN_TX:
                     conn.execute("ROLLBACK")

@@ -152,20 +152,16 @@ class Tx:
             self._queued = False
             self._pipe.sync()
 
-    def end_pipeline(self) -> None:
-        """Wait for what was sent and leave pipeline mode: from here on every statement
-        waits for its result as usual (call it before code that is not homing's, such as a
-        handler given this transaction)."""
-        self.leave_pipeline(None)
-
     def enter_pipeline(self, block: AbstractContextManager[Any]) -> None:
         """Send statements without waiting from here on (the store's ``conn.pipeline()``)."""
         self._pipe = block.__enter__()
         self._pipe_block = block
 
-    def leave_pipeline(self, exc: BaseException | None) -> None:
-        """Leave pipeline mode (``end_pipeline``); with ``exc`` (the transaction failed),
-        errors of what was sent are logged by psycopg rather than raised over it."""
+    def end_pipeline(self, exc: BaseException | None = None) -> None:
+        """Wait for what was sent and leave pipeline mode: from here on every statement
+        waits for its result as usual (call it before code that is not homing's, such as a
+        handler given this transaction). With ``exc`` (the transaction failed), errors of
+        what was sent are logged by psycopg rather than raised over it."""
         block, self._pipe, self._pipe_block = self._pipe_block, None, None
         self._queued = False
         if block is not None:
@@ -179,24 +175,23 @@ class Tx:
         if self._pipe is not None:
             self._queued = True
 
-    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    def _run(self, sql: str, params: Sequence[Any]) -> Any:
+        """``execute``, then its results in hand (in pipeline mode rows and the row count
+        arrive only with a wait)."""
         cur = self.execute(sql, params)
         if self._queued:
             self.flush()
-        return list(cur.fetchall())
+        return cur
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return list(self._run(sql, params).fetchall())
 
     def query_one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
-        cur = self.execute(sql, params)
-        if self._queued:
-            self.flush()
-        row = cur.fetchone()
+        row = self._run(sql, params).fetchone()
         return tuple(row) if row is not None else None
 
     def rowcount(self, sql: str, params: Sequence[Any] = ()) -> int:
-        cur = self.execute(sql, params)
-        if self._queued:  # in pipeline mode the count arrives with the results
-            self.flush()
-        return int(cur.rowcount)
+        return int(self._run(sql, params).rowcount)
 
     def call_after_commit(self, fn: Any) -> None:
         """Run ``fn()`` once this transaction has committed (never if it rolls back)."""

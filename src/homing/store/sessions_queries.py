@@ -437,43 +437,36 @@ def reply_waiting(
     return _session(row[:-1]), bool(row[-1])
 
 
-def next_reply(tx: Tx, client_id: str, request_id: str | None) -> dict[str, Any] | None:
-    """The client's oldest reply (or the reply to ``request_id``), locked until commit."""
+def _reply_pick(
+    tx: Tx, columns: str, client_id: str, request_id: str | None
+) -> tuple[str, tuple[Any, ...]]:
+    """The SELECT of the client's oldest reply (or the reply to ``request_id``), locked
+    until commit and passed over while another transaction holds it (PostgreSQL)."""
     lock = tx.sql.skip_locked
     if request_id is None:
-        row = tx.query_one(
-            f"SELECT {_R_COLS} FROM homing_session_requests WHERE client_id = ? "
+        return (
+            f"SELECT {columns} FROM homing_session_requests WHERE client_id = ? "
             f"AND state = 'replied' ORDER BY replied_at, seq LIMIT 1{lock}",
             (client_id,),
         )
-    else:
-        row = tx.query_one(
-            f"SELECT {_R_COLS} FROM homing_session_requests WHERE client_id = ? AND id = ? "
-            f"AND state = 'replied'{lock}",
-            (client_id, request_id),
-        )
-    return _request(row)
+    return (
+        f"SELECT {columns} FROM homing_session_requests WHERE client_id = ? AND id = ? "
+        f"AND state = 'replied'{lock}",
+        (client_id, request_id),
+    )
+
+
+def next_reply(tx: Tx, client_id: str, request_id: str | None) -> dict[str, Any] | None:
+    """The client's oldest reply (or the reply to ``request_id``), locked until commit."""
+    return _request(tx.query_one(*_reply_pick(tx, _R_COLS, client_id, request_id)))
 
 
 def defer_take_next_reply(
     tx: Tx, client_id: str, request_id: str | None, *, now: float
 ) -> Pending[dict[str, Any] | None]:
     """``next_reply`` taken in the same statement (marked taken and remembered): its row
-    as taken, or None (read later, ``Tx.defer``). Another client process's transaction
-    that holds the row is passed over (on PostgreSQL), as ``next_reply`` does."""
-    lock = tx.sql.skip_locked
-    if request_id is None:
-        pick = (
-            "SELECT id FROM homing_session_requests WHERE client_id = ? AND state = 'replied' "
-            f"ORDER BY replied_at, seq LIMIT 1{lock}"
-        )
-        params: tuple[Any, ...] = (client_id,)
-    else:
-        pick = (
-            "SELECT id FROM homing_session_requests WHERE client_id = ? AND id = ? "
-            f"AND state = 'replied'{lock}"
-        )
-        params = (client_id, request_id)
+    as taken, or None (read later, ``Tx.defer``)."""
+    pick, params = _reply_pick(tx, "id", client_id, request_id)
     return tx.defer(
         "UPDATE homing_session_requests SET state = 'taken', taken_at = ?, remembered = 1 "
         f"WHERE id = ({pick}) AND state = 'replied' RETURNING {_R_COLS}",
