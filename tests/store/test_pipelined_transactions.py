@@ -175,6 +175,7 @@ def test_a_sessions_submit_and_take_are_two_round_trips_a_transaction(
     homing.connect(store_url).close()  # the schema, migrated without the delay
     db = homing.connect(url, migrate=False, pool_size=4)
     submits: list[float] = []
+    serves: list[float] = []
     takes: list[float] = []
     try:
         session = Sessions(db).open("far-client")
@@ -183,19 +184,82 @@ def test_a_sessions_submit_and_take_are_two_round_trips_a_transaction(
             t0 = time.perf_counter()
             request = session.submit("far", {"n": n})  # Transactions 0 and 1
             submit = (time.perf_counter() - t0) / rtt
-            assert server.process_one()
+            t0 = time.perf_counter()
+            assert server.process_one()  # the take, then Transaction 2
+            serve = (time.perf_counter() - t0) / rtt
             t0 = time.perf_counter()
             reply = session.take_reply(request_id=request.id, timeout=5)  # a read, then T3
             take = (time.perf_counter() - t0) / rtt
             assert reply is not None and reply.body == {"n": n}
             if n >= 5:
                 submits.append(submit)
+                serves.append(serve)
                 takes.append(take)
     finally:
         db.close()
-    # were 7 + 7 and 1 + 7 round trips (a statement each, BEGIN and COMMIT apart)
+    # were 7 + 7, 1 + 4 and 1 + 7 round trips (a statement each, BEGIN and COMMIT apart);
+    # the server's is the take, then the BEGIN with the reply's UPDATE (a handler that
+    # runs no statement), then the announcement with the COMMIT
     assert min(submits) <= 4.6, submits
+    assert min(serves) <= 3.6, serves
     assert min(takes) <= 3.6, takes
+
+
+def test_a_handed_over_transaction_runs_the_callers_statements_as_usual(store: Store) -> None:
+    """Code given a pipelined transaction (a sessions handler) sees each statement's
+    result and error at the statement, as in an ordinary one; homing's statements after
+    the block are pipelined again only if that code ran none."""
+    with store.transaction(pipelined=True) as tx:
+        tx.execute("INSERT INTO contract_t (k, v) VALUES (?, ?)", ("a", 1))
+        with tx.handed_over():
+            conn = tx.connection  # leaves pipeline mode: what was sent is waited for
+            assert tx._pipe is None
+            cur = conn.cursor()
+            cur.execute(tx._sql("UPDATE contract_t SET v = 7 WHERE k = ?"), ("a",))
+            assert cur.rowcount == 1
+            with pytest.raises(INTEGRITY), tx.savepoint():
+                tx.execute("INSERT INTO contract_t (k, v) VALUES (?, ?)", ("a", 2))
+        tx.execute("INSERT INTO contract_t (k, v) VALUES (?, ?)", ("b", 3))
+    assert rows(store) == {"a": 7, "b": 3}
+    with store.transaction(pipelined=True) as tx:
+        with tx.handed_over():
+            pass  # no statement: still pipelined after the block
+        assert tx._pipe is not None or store.dialect == "sqlite" or not postgres.PIPELINE_MODE
+        changed = tx.defer("UPDATE contract_t SET v = 8 WHERE k = ?", ("b",), _changed)
+        assert changed.get() == 1
+    assert rows(store) == {"a": 7, "b": 8}
+
+
+def test_a_sessions_handler_catches_its_own_statement_errors(store_url: str) -> None:
+    """The server's Transaction 2 is pipelined on PostgreSQL; a handler's statements
+    still raise where they run, so a handler can catch one (in a savepoint) and answer."""
+    db = homing.connect(store_url, pool_size=4)
+    try:
+        with db.store.transaction() as tx:
+            tx.execute("CREATE TABLE handler_t (k TEXT PRIMARY KEY)")
+            tx.execute("INSERT INTO handler_t (k) VALUES ('taken')")
+
+        def handler(request: object, txn: homing.Transaction) -> str:
+            try:
+                with txn.tx.savepoint():
+                    txn.tx.execute("INSERT INTO handler_t (k) VALUES (?)", ("taken",))
+            except INTEGRITY:
+                txn.tx.execute("INSERT INTO handler_t (k) VALUES (?)", ("instead",))
+                return "caught"
+            return "not raised"
+
+        session = Sessions(db).open("catching-client")
+        request = session.submit("catching", {})
+        assert Server(db, "catching", handler).process_one()
+        reply = session.take_reply(request_id=request.id, timeout=5)
+        assert reply is not None and reply.body == "caught" and reply.error is None
+        with db.store.transaction() as tx:
+            assert sorted(r[0] for r in tx.query("SELECT k FROM handler_t")) == [
+                "instead",
+                "taken",
+            ]
+    finally:
+        db.close()
 
 
 @pytest.mark.parametrize("backend", ["postgres"], indirect=True)

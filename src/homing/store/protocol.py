@@ -112,11 +112,15 @@ class Tx:
         self._pipe: Any = None
         self._pipe_block: Any = None  # the ``conn.pipeline()`` block that made it
         self._queued = False
+        self._handed_over = False  # code that is not homing's runs on it (handed_over)
 
     @property
     def connection(self) -> Any:
         """The DB-API connection. Taking it sets the savepoints still pending, so that a
-        caller's own statements are undone with the block's if it fails."""
+        caller's own statements are undone with the block's if it fails; and, while the
+        transaction is handed over, leaves pipeline mode first (see ``handed_over``)."""
+        if self._handed_over and self._pipe is not None:
+            self.end_pipeline()
         if self._pending:
             cur = self._connection.cursor()
             for name in self._pending:
@@ -166,6 +170,18 @@ class Tx:
         self._queued = False
         if block is not None:
             block.__exit__(None if exc is None else type(exc), exc, None)
+
+    @contextmanager
+    def handed_over(self) -> Iterator[None]:
+        """Run code that is not homing's (a handler given this transaction) in the block.
+        A pipelined transaction stays pipelined until that code's first statement, which
+        leaves pipeline mode before it runs, so its statements behave as usual; code that
+        runs none leaves the BEGIN to travel with homing's next statement after the block."""
+        self._handed_over = True
+        try:
+            yield
+        finally:
+            self._handed_over = False
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         if not rows:
