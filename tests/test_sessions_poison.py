@@ -219,8 +219,9 @@ def test_a_server_that_finds_nothing_to_take_makes_no_write_transaction(
     db: homing.Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Nothing due, or (PostgreSQL) the due request locked by another server: the take
-    finds nothing and the server asks in one read whether a dead request is owed its
-    reply, instead of a durable transaction (three round trips) after every empty take."""
+    finds nothing, and learns from it (PostgreSQL: the same statement; SQLite: a read)
+    whether a dead request is owed its reply, instead of a durable transaction (three
+    round trips) after every empty take."""
     writes: list[int] = []
     store_type = type(db.store)
     transaction = store_type.transaction

@@ -195,14 +195,21 @@ def test_a_sessions_submit_and_take_are_two_round_trips_a_transaction(
                 submits.append(submit)
                 serves.append(serve)
                 takes.append(take)
+        polls = []  # a server's look at an empty queue (idle, or after each request)
+        for _ in range(3):
+            t0 = time.perf_counter()
+            assert not server.process_one()
+            polls.append((time.perf_counter() - t0) / rtt)
     finally:
         db.close()
     # were 7 + 7, 1 + 4 and 1 + 7 round trips (a statement each, BEGIN and COMMIT apart);
     # the server's is the take, then the BEGIN with the reply's UPDATE (a handler that
-    # runs no statement), then the announcement with the COMMIT
+    # runs no statement), then the announcement with the COMMIT; its empty poll was the
+    # take and a read for a dead request, now one statement
     assert min(submits) <= 4.6, submits
     assert min(serves) <= 3.6, serves
     assert min(takes) <= 3.6, takes
+    assert min(polls) <= 1.6, polls
 
 
 def test_a_handed_over_transaction_runs_the_callers_statements_as_usual(store: Store) -> None:

@@ -235,9 +235,10 @@ class Server:
         durable=False)``, as a job's lease): a lease lost with the database server's crash
         is one that ran out, the request is due again and the late answer is refused; the
         answer's durable commit makes the lease before it durable too. When it leased
-        nothing because a due request is dead (taken ``max_attempts`` times), ``_take_or_bury``
-        (a durable transaction) only then: a server that lost the race for the last
-        request makes one read, not a transaction of three round trips."""
+        nothing because a due request is dead (taken ``max_attempts`` times, which the same
+        statement tells), ``_take_or_bury`` (a durable transaction) only then: a server
+        that lost the race for the last request, or polls an empty queue, makes one round
+        trip, not a transaction of three."""
         store = self.db.store
         token = uuid7()
         now = store.clock.now()
@@ -251,10 +252,10 @@ class Server:
                 server=self.name,
                 max_attempts=self.max_attempts,
             )
-        if leased is None:  # nothing due, or a dead head: one read tells which
-            with store.read() as tx:
-                dead = q.dead_request_due(tx, self.queues, now=now, max_attempts=self.max_attempts)
-            return self._take_or_bury() if dead else None
+        if leased is None:
+            return None
+        if leased == "dead":
+            return self._take_or_bury()
         failpoint("sessions.server_after_take")
         rid, queue, body = leased
         return Request(rid, queue, decode(body)), token

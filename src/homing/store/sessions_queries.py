@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from homing.store.protocol import Pending, Tx
 
@@ -295,21 +295,41 @@ def lease_due_request(
     until: float,
     server: str,
     max_attempts: int,
-) -> tuple[str, str, str] | None:
-    """Lease the oldest due request of ``queues`` in one statement (counting an attempt)
-    and return its (id, queue, body); None if there is none, or if the oldest one was
-    taken ``max_attempts`` times already (it is left for ``next_due_request``, which
-    gives it its dead reply). Other servers skip the row while this statement runs."""
+) -> tuple[str, str, str] | Literal["dead"] | None:
+    """Lease the oldest due request of ``queues`` (counting an attempt) and return its
+    (id, queue, body). When it leased nothing: ``"dead"`` if a due request was taken
+    ``max_attempts`` times already (its dead reply is owed: ``next_due_request`` gives
+    it), else None. Other servers skip the row while this runs. On PostgreSQL one
+    statement, so that an idle server's poll, and the one after each request, is one
+    round trip."""
     clause, params = tx.sql.in_list("queue", queues)
-    row = tx.query_one(
+    lease = (
         "UPDATE homing_session_requests SET attempts = attempts + 1, lease_token = ?, "
         "available_at = ?, server = ? WHERE id = (SELECT id FROM homing_session_requests "
         f"WHERE {clause} AND state = 'queued' AND available_at <= ? "
         f"ORDER BY available_at, seq LIMIT 1{tx.sql.skip_locked}) "
-        "AND state = 'queued' AND attempts < ? RETURNING id, queue, body",
-        (token, until, server, *params, now, max_attempts),
+        "AND state = 'queued' AND attempts < ? RETURNING id, queue, body"
     )
-    return None if row is None else (str(row[0]), str(row[1]), str(row[2]))
+    lease_params = (token, until, server, *params, now, max_attempts)
+    dead = (
+        f"SELECT 1 FROM homing_session_requests WHERE {clause} AND state = 'queued' "
+        "AND available_at <= ? AND attempts >= ?"
+    )
+    dead_params = (*params, now, max_attempts)
+    if tx.dialect == "postgres":  # a data-modifying WITH: SQLite has none (and no round trips)
+        row = tx.query_one(
+            f"WITH leased AS ({lease}) SELECT id, queue, body FROM leased UNION ALL "
+            f"SELECT NULL, NULL, NULL WHERE NOT EXISTS (SELECT 1 FROM leased) "
+            f"AND EXISTS ({dead})",
+            (*lease_params, *dead_params),
+        )
+        if row is None:
+            return None
+        return "dead" if row[0] is None else (str(row[0]), str(row[1]), str(row[2]))
+    row = tx.query_one(lease, lease_params)
+    if row is not None:
+        return (str(row[0]), str(row[1]), str(row[2]))
+    return "dead" if tx.query_one(dead + " LIMIT 1", dead_params) is not None else None
 
 
 def lease_request(tx: Tx, request_id: str, *, token: str, until: float, server: str) -> None:
@@ -334,18 +354,6 @@ def is_write_conflict(exc: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
-
-
-def dead_request_due(tx: Tx, queues: Sequence[str], *, now: float, max_attempts: int) -> bool:
-    """Whether a due request of ``queues`` was taken ``max_attempts`` times already (its
-    dead reply is owed): after ``lease_due_request`` found nothing it could lease."""
-    clause, params = tx.sql.in_list("queue", queues)
-    row = tx.query_one(
-        f"SELECT 1 FROM homing_session_requests WHERE {clause} AND state = 'queued' "
-        "AND available_at <= ? AND attempts >= ? LIMIT 1",
-        (*params, now, max_attempts),
-    )
-    return row is not None
 
 
 def extend_lease(tx: Tx, request_id: str, token: str, *, until: float) -> bool:
