@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -434,6 +435,45 @@ def test_cli_server_answers_until_sigterm(open_db: Any, store_url: str, tmp_path
 
     bad = CliRunner().invoke(cli, [*args[:-1], "no_such_module:fn"])
     assert bad.exit_code == 2 and "cannot load 'no_such_module:fn'" in bad.output
+
+
+def test_cli_server_keeps_the_store_tidy(open_db: Any, store_url: str, tmp_path: Path) -> None:
+    """A deployment of sessions servers alone (no worker, no cron entry) stays bounded:
+    the server runs ``homing gc`` on its own schedule, as a worker does. A request taken
+    long ago (aged here past the 30-day retention) is deleted while the server runs."""
+    db = open_db()
+    (tmp_path / "my_handlers.py").write_text("def echo(request, txn):\n    return request.body\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "HOMING_FAILPOINTS": ""}
+    args = ["--db", store_url, "sessions", "server", "q", "--handler", "my_handlers:echo"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "homing", *args, "--gc-every", "0.3", "--vacuum-every", "0"],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        session = Sessions(db).open("c")
+        request = session.submit("q", 7)
+        reply = session.take_reply(timeout=30)
+        assert reply is not None and reply.body == 7
+        with db.store.transaction() as tx:  # taken 40 days ago, as far as gc can tell
+            tx.execute(
+                "UPDATE homing_session_requests SET taken_at = ?, remembered = 0 WHERE id = ?",
+                (db.clock.now() - 40 * 86400, request.id),
+            )
+        deadline = time.monotonic() + 30
+        gone = False
+        while time.monotonic() < deadline and not gone:
+            time.sleep(0.1)
+            try:
+                Sessions(db).lookup(request.id)
+            except RequestNotFound:
+                gone = True
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert gone, f"the server never collected the old request; its stderr: {err}"
+    assert proc.returncode == 0, err
 
 
 def test_public_api_is_pinned() -> None:

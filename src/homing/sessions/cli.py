@@ -160,6 +160,21 @@ def token(client_id: str) -> None:
     show_default=True,
     help="Longest a handler keeps its lease, s.",
 )
+@click.option(
+    "--gc-every",
+    type=click.FloatRange(min=0),
+    default=3600.0,
+    show_default=True,
+    help="Seconds between `homing gc` passes run by this server (0: leave it to cron or a worker).",
+)
+@click.option(
+    "--vacuum-every",
+    type=click.FloatRange(min=0),
+    default=60.0,
+    show_default=True,
+    help="PostgreSQL without autovacuum only: seconds between VACUUMs of homing's tables "
+    "that hold dead rows (one process at a time does it; 0: never).",
+)
 @click.pass_context
 def server(
     ctx: click.Context,
@@ -169,12 +184,19 @@ def server(
     retry_in: float,
     lease: float,
     handler_timeout: float,
+    gc_every: float,
+    vacuum_every: float,
 ) -> None:
-    """Answer requests of QUEUES (comma-separated) with a Python handler until SIGTERM/Ctrl-C."""
+    """Answer requests of QUEUES (comma-separated) with a Python handler until SIGTERM/Ctrl-C.
+
+    Like a worker, the server keeps the store tidy while it runs (``--gc-every``,
+    ``--vacuum-every``), so that a deployment of servers alone needs no cron entry."""
     import importlib
+    import logging
     import signal
     import threading
 
+    from homing import upkeep
     from homing.sessions.server import Server
 
     module_name, _, attr = handler_path.partition(":")
@@ -197,8 +219,25 @@ def server(
             handler_timeout=handler_timeout,
         )
         click.echo(f"serving {', '.join(srv.queues)} as {srv.name}", err=True)
+        tidy = None
+        if gc_every > 0 or vacuum_every > 0:
+            tidy = threading.Thread(
+                target=upkeep.keep_tidy,
+                args=(lambda: [db], stop),
+                kwargs={
+                    "gc_every": gc_every,
+                    "vacuum_every": vacuum_every,
+                    "log": logging.getLogger("homing.sessions"),
+                },
+                name="homing-upkeep",
+                daemon=True,
+            )
+            tidy.start()
         try:
             n = srv.run(stop, idle_wait=0.5)
         except KeyboardInterrupt:
             n = -1
+        stop.set()
+        if tidy is not None:
+            tidy.join(30)  # a pass under way ends before the store closes
     click.echo(f"stopped; handled {n} requests" if n >= 0 else "stopped", err=True)
