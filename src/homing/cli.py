@@ -116,6 +116,30 @@ def json_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")(fn)
 
 
+def upkeep_options(who: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--gc-every`` and ``--vacuum-every`` of a long-running command that keeps the store
+    tidy while it runs (``homing.upkeep``); ``who`` names it in the help."""
+
+    def add(fn: Callable[..., Any]) -> Callable[..., Any]:
+        fn = click.option(
+            "--vacuum-every",
+            type=click.FloatRange(min=0),
+            default=60.0,
+            show_default=True,
+            help="PostgreSQL without autovacuum only: seconds between VACUUMs of homing's "
+            "tables that hold dead rows (one process at a time does it; 0: never).",
+        )(fn)
+        return click.option(
+            "--gc-every",
+            type=click.FloatRange(min=0),
+            default=3600.0,
+            show_default=True,
+            help=f"Seconds between `homing gc` passes run by this {who} (0: leave it to cron).",
+        )(fn)
+
+    return add
+
+
 def open_db(ctx: click.Context) -> Any:
     from homing.database import connect
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from homing.cli import emit, json_option, open_db
+from homing.cli import emit, json_option, open_db, upkeep_options
 from homing.errors import ConfigurationError
 from homing.sessions._model import Recovery, RequestRecord, SessionInfo
 from homing.sessions.manager import Sessions
@@ -160,21 +160,7 @@ def token(client_id: str) -> None:
     show_default=True,
     help="Longest a handler keeps its lease, s.",
 )
-@click.option(
-    "--gc-every",
-    type=click.FloatRange(min=0),
-    default=3600.0,
-    show_default=True,
-    help="Seconds between `homing gc` passes run by this server (0: leave it to cron or a worker).",
-)
-@click.option(
-    "--vacuum-every",
-    type=click.FloatRange(min=0),
-    default=60.0,
-    show_default=True,
-    help="PostgreSQL without autovacuum only: seconds between VACUUMs of homing's tables "
-    "that hold dead rows (one process at a time does it; 0: never).",
-)
+@upkeep_options("server")
 @click.pass_context
 def server(
     ctx: click.Context,

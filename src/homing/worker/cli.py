@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from homing.cli import upkeep_options
 from homing.errors import ConfigurationError
 from homing.worker._logging import configure
 from homing.worker.app import App
@@ -76,21 +77,7 @@ def load_app(target: str) -> App:
     help="Jobs grabbed beyond the free handler slots (default: max(4, concurrency), more for "
     "short handlers, up to 16 per slot); 0 for long jobs.",
 )
-@click.option(
-    "--gc-every",
-    type=click.FloatRange(min=0),
-    default=3600.0,
-    show_default=True,
-    help="Seconds between `homing gc` passes run by this worker (0: leave it to cron).",
-)
-@click.option(
-    "--vacuum-every",
-    type=click.FloatRange(min=0),
-    default=60.0,
-    show_default=True,
-    help="PostgreSQL without autovacuum only: seconds between VACUUMs of homing's tables "
-    "that hold dead rows (one worker at a time does it; 0: never).",
-)
+@upkeep_options("worker")
 @click.option(
     "--gather",
     type=click.FloatRange(min=0),
