@@ -15,7 +15,13 @@ from click.testing import CliRunner
 import homing
 from homing.housekeeping import Retention, collect
 from homing.sessions import Server, Sessions
-from homing.store import engine_queries, http_inbox_queries, http_queries, messenger_queries
+from homing.store import (
+    engine_queries,
+    http_inbox_queries,
+    http_queries,
+    messenger_queries,
+    retention_queries,
+)
 
 DAY = 24 * 3600.0
 N = 6
@@ -29,6 +35,7 @@ TABLES = (
     "homing_http_inbox",
     "homing_messenger_seen",
     "homing_messenger_channels",
+    "homing_retention_promises",
 )
 
 
@@ -56,7 +63,8 @@ def fill(db: homing.Database, round_: int) -> None:
         session.confirm(session.info().dequeued)
         session.submit("q", {"n": i, "unanswered": True})  # its client goes away
     now = db.clock.now()
-    with db.store.transaction() as tx:
+    with db.store.transaction() as tx:  # a receiver that ran for a while with a 1-day retention
+        retention_queries.promise(tx, retention_queries.HTTP_INBOX, DAY, now=now)
         engine_queries.record_published_many(
             tx, [(homing.uuid7(), "q", None, "routed", now) for _ in range(N)]
         )
@@ -139,6 +147,7 @@ def test_gc_keeps_every_growing_table_bounded(
 ) -> None:
     full = dict.fromkeys(TABLES, N)
     full["homing_session_requests"] = 2 * N  # one taken, one unanswered per client
+    full["homing_retention_promises"] = 1  # one per kind and retention in use
     for round_ in range(3):
         fill(db, round_)
         assert sizes(db) == full
@@ -158,6 +167,7 @@ def test_gc_keeps_every_growing_table_bounded(
             "messenger.seen": N,
             "messenger.dead": 0,
             "messenger.channels": N,
+            "promises": 1,
         }
 
 
@@ -192,6 +202,7 @@ def test_homing_gc_command_reports_every_table(store_url: str) -> None:
         "messenger.seen",
         "messenger.dead",
         "messenger.channels",
+        "promises",
     }
     bad = runner.invoke(cli, ["--db", store_url, "gc", "--session-ttl", "0"])
     assert bad.exit_code != 0 and "session_ttl" in bad.output

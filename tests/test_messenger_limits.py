@@ -152,7 +152,10 @@ def test_collect_garbage_deletes_idle_rows_and_keeps_pending_ones(stores: Any) -
     sdb, rdb = homing.connect(stores.url("s")), homing.connect(stores.url("r"))
     assert isinstance(sdb, homing.Database) and isinstance(rdb, homing.Database)
     try:
-        with Messenger("r", db=rdb, context=ctx) as r, Messenger("s", db=sdb, context=ctx) as s:
+        with (
+            Messenger("r", db=rdb, context=ctx, retention=3600) as r,
+            Messenger("s", db=sdb, context=ctx, retention=3600) as s,
+        ):
             r.listen("inproc://gc", lambda m: None)
             s.send_many("inproc://gc", ["a", "b"])
             s.send("inproc://nobody", "stays pending")

@@ -10,15 +10,18 @@ jobs                finished jobs (done / failed)               the store's rete
 sessions.requests   requests whose reply was taken, no longer   30 days after the take
                     remembered by their session
 sessions.expired    sessions idle longer than the session TTL,  30 days without a client
-                    with their prepared requests, unanswered    action
-                    requests and untaken replies
+                    with their prepared requests, unanswered    action, or the TTL their
+                    requests and untaken replies                opener set if longer
 engine.published    the engine's published-id ledger (publisher 7 days after publishing
                     dedup: a retry after this is a new message)
-http.tombstones     finished outbox rows (sender tombstones)    7 days (the receiver's
-                    and handled inbox ids (receiver tombstones) published retention)
-messenger.*         durable messenger rows idle that long: seen  7 days
-                    state of silent senders, dead letters,
-                    unused outgoing channels
+http.tombstones     finished outbox rows (sender tombstones)    7 days; inbox ids longer
+                    and handled inbox ids (receiver tombstones) while a receiver's
+                                                                promised retention binds
+messenger.*         durable messenger rows idle that long: seen  7 days, longer while a
+                    state of silent senders, dead letters,      running messenger's
+                    unused outgoing channels                    promise binds
+promises            retention promises that cover no row any    (retention_queries)
+                    more
 ==================  ==========================================  =========================
 
 Steps call the query functions of each part in ``homing.store`` (no SQL here) and run in
@@ -34,7 +37,13 @@ from dataclasses import dataclass, field
 from homing.database import Database
 from homing.errors import InvalidArgument
 from homing.jobs import check_seconds
-from homing.store import engine_queries, http_queries, messenger_queries, sessions_queries
+from homing.store import (
+    engine_queries,
+    http_queries,
+    messenger_queries,
+    retention_queries,
+    sessions_queries,
+)
 
 DAY = 24 * 3600.0
 SESSIONS_RETENTION_S = 30 * DAY  # homing.sessions' DEFAULT_RETENTION_S
@@ -99,7 +108,7 @@ def _sessions(db: Database, keep: Retention) -> dict[str, int]:
     while True:
         with db.store.transaction() as tx:
             n = sessions_queries.expire_sessions(
-                tx, idle_before=now - keep.session_ttl, limit=_EXPIRE_BATCH
+                tx, idle_before=now - keep.session_ttl, now=now, limit=_EXPIRE_BATCH
             )
         expired += n
         if n < _EXPIRE_BATCH:
@@ -115,14 +124,21 @@ def _engine(db: Database, keep: Retention) -> dict[str, int]:
 
 def _http(db: Database, keep: Retention) -> dict[str, int]:
     with db.store.transaction() as tx:
-        outbox, inbox = http_queries.gc(tx, before=db.clock.now() - keep.http)
+        now = db.clock.now()
+        outbox, inbox = http_queries.gc(tx, before=now - keep.http, now=now)
     return {"http.outbox": outbox, "http.inbox": inbox}
 
 
 def _messenger(db: Database, keep: Retention) -> dict[str, int]:
+    now = db.clock.now()
     with db.store.transaction() as tx:
-        deleted = messenger_queries.collect_garbage(tx, db.clock.now() - keep.messenger)
+        deleted = messenger_queries.collect_garbage(tx, now - keep.messenger, now=now)
     return {f"messenger.{kind}": n for kind, n in deleted.items()}
+
+
+def _promises(db: Database, keep: Retention) -> dict[str, int]:
+    with db.store.transaction() as tx:
+        return {"promises": retention_queries.forget_unbinding(tx, now=db.clock.now())}
 
 
 def default_housekeeping() -> Housekeeping:
@@ -133,6 +149,7 @@ def default_housekeeping() -> Housekeeping:
     h.register("engine", _engine)
     h.register("http", _http)
     h.register("messenger", _messenger)
+    h.register("promises", _promises)
     return h
 
 

@@ -15,19 +15,29 @@ from homing.database import Database
 from homing.http._inbox import Inbox
 from homing.store import http_inbox_queries as iq
 from homing.store import http_queries as q
+from homing.store import retention_queries as rq
 
 log = logging.getLogger("homing.http")
 
 _BATCH = 32  # Option-2/job messages handled per transaction by one inbox worker
-GC_EVERY_S = 600.0
+GC_EVERY_S = rq.REFRESH_EVERY_S  # gc, and a refresh of the receiver's retention promise
+UPKEEP_RETRY_S = 10.0
 
 
 def gc(db: Database, *, older_than: float) -> tuple[int, int]:
     """Forget delivered outbox rows and handled inbox ids older than ``older_than`` seconds
-    (never a dead letter). Returns (outbox rows, inbox rows) deleted. Run it with the inbox
-    retention period."""
+    (never a dead letter, never an id a running receiver promised to remember longer).
+    Returns (outbox rows, inbox rows) deleted. Run it with the inbox retention period."""
+    now = db.clock.now()
     with db.store.transaction() as tx:
-        return q.gc(tx, before=db.clock.now() - older_than)
+        return q.gc(tx, before=now - older_than, now=now)
+
+
+def promise(db: Database, retention: float) -> None:
+    """Record the retention this receiver tells its senders (``retention_queries.promise``), so
+    that no gc of the store forgets their ids sooner."""
+    with db.store.transaction() as tx:
+        rq.promise(tx, rq.HTTP_INBOX, retention, now=db.clock.now())
 
 
 class InboxWorker:
@@ -41,6 +51,7 @@ class InboxWorker:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._promised = False
         self._pool: ThreadPoolExecutor | None = None
 
     @property
@@ -65,6 +76,12 @@ class InboxWorker:
         if self._thread is not None:
             return
         self._stop.clear()
+        try:  # before the first message: its sender is told the retention
+            promise(self.db, self.retention)
+            self._promised = True
+        except Exception as exc:  # the store is down: the loop tries again
+            log.warning("could not record the inbox retention (%s); retrying", exc)
+            self._promised = False
         self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="homing-in")
         self._thread = threading.Thread(target=self._loop, name="homing-http-inbox", daemon=True)
         self._thread.start()
@@ -82,8 +99,20 @@ class InboxWorker:
     def wake(self) -> None:
         self._wake.set()
 
+    def _upkeep(self) -> float:
+        """Refresh this receiver's promise (``retention_queries``) and run gc; returns
+        when to do it next (sooner after a failure)."""
+        try:
+            promise(self.db, self.retention)
+            self._promised = True
+            gc(self.db, older_than=self.retention)
+        except Exception as exc:
+            log.warning("inbox gc failed (%s); retrying in %gs", exc, UPKEEP_RETRY_S)
+            return time.monotonic() + UPKEEP_RETRY_S
+        return time.monotonic() + GC_EVERY_S
+
     def _loop(self) -> None:
-        last_gc = time.monotonic()
+        next_upkeep = time.monotonic() + (GC_EVERY_S if self._promised else UPKEEP_RETRY_S)
         while not self._stop.is_set():
             try:
                 with self.db.store.transaction(write=False) as tx:
@@ -100,12 +129,8 @@ class InboxWorker:
             if not due:
                 self._wake.wait(0.1)
                 self._wake.clear()
-            if time.monotonic() - last_gc > GC_EVERY_S:
-                last_gc = time.monotonic()
-                try:
-                    gc(self.db, older_than=self.retention)
-                except Exception as exc:
-                    log.warning("inbox gc failed: %s", exc)
+            if time.monotonic() >= next_upkeep:
+                next_upkeep = self._upkeep()
 
     def _background(self, msg_ids: list[str]) -> None:
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import queue
 import time
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,7 @@ from homing.errors import HomingError
 from homing.messenger.model import DeadLetter, Route
 from homing.messenger.outgoing import Channel, Pending
 from homing.store import messenger_queries as q
+from homing.store import retention_queries as rq
 
 if TYPE_CHECKING:
     from homing.database import Database
@@ -48,10 +50,12 @@ def collect_garbage(
     - dead letters older than that;
     - outgoing channels with no pending message and no use since: the next send on one
       starts a fresh id space (the receiver resets its seen state on the fresh epoch).
+    A durable messenger running with a longer ``retention`` has promised it
+    (``retention_queries``): rows are kept for the longest promise still binding.
     Returns the number of rows deleted per kind.
     """
     with store.transaction() as tx:
-        return q.collect_garbage(tx, now - retention)
+        return q.collect_garbage(tx, now - retention, now=now)
 
 
 class Keeper:
@@ -62,6 +66,17 @@ class Keeper:
         self.db = db
         self.work: queue.SimpleQueue[tuple[str, Any] | None] = queue.SimpleQueue()
         self.collected_at = time.monotonic()
+        self.promised_at = -math.inf
+
+    def promise(self) -> None:
+        """Record this messenger's retention, so that no gc of the store (``homing gc``, a
+        worker's upkeep) deletes its rows sooner (``retention_queries``)."""
+        try:
+            with self.db.store.transaction() as tx:
+                rq.promise(tx, rq.MESSENGER, self.m.retention, now=self.db.store.clock.now())
+            self.promised_at = time.monotonic()
+        except HomingError as exc:  # the store is down: the loop tries again
+            log.warning("messenger %s could not record its retention: %s", self.m.name, exc)
 
     def resume(self) -> list[q.OutRow]:
         with self.db.store.transaction() as tx:
@@ -73,6 +88,7 @@ class Keeper:
     def restore(self) -> None:
         """Load the stored channels and pending messages and hand them to the I/O thread."""
         m = self.m
+        self.promise()
         out = self.resume()
         now_wall, now_mono = time.time(), time.monotonic()
         with m._lock:
@@ -158,6 +174,8 @@ class Keeper:
                     break
                 batch.append(nxt)
             self.write(batch, stop)
+            if time.monotonic() - self.promised_at >= min(rq.REFRESH_EVERY_S, m.gc_interval):
+                self.promise()
             if time.monotonic() - self.collected_at >= m.gc_interval:
                 self.collected_at = time.monotonic()
                 self.gc()

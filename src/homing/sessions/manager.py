@@ -81,6 +81,7 @@ class Sessions:
                 now=self.clock.now(),
                 keep_replies=keep,
                 default_keep=self.keep_replies,
+                ttl=self.session_ttl,
             )
         return Session(self, client_id, created=created, epoch=int(row["epoch"]))
 
@@ -162,8 +163,9 @@ class Sessions:
 
     def expire(self, *, idle_for: float | None = None, batch: int = 1000) -> int:
         """Delete sessions idle for more than ``idle_for`` seconds (default: the
-        ``session_ttl``), each with its prepared requests, unanswered requests and untaken
-        replies; returns how many sessions. Runs in batches of ``batch`` sessions."""
+        ``session_ttl``) and for longer than the TTL their opener promised, each with its
+        prepared requests, unanswered requests and untaken replies; returns how many
+        sessions. Runs in batches of ``batch`` sessions."""
         ttl = (
             self.session_ttl
             if idle_for is None
@@ -172,7 +174,8 @@ class Sessions:
         total = 0
         while True:
             with self.store.transaction() as tx:
-                n = q.expire_sessions(tx, idle_before=self.clock.now() - ttl, limit=batch)
+                now = self.clock.now()
+                n = q.expire_sessions(tx, idle_before=now - ttl, now=now, limit=batch)
             total += n
             if n < batch:
                 return total

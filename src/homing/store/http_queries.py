@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from homing.store import retention_queries
 from homing.store.protocol import Tx
 
 OUT_COLUMNS = (
@@ -390,8 +391,11 @@ def inbox_counts(tx: Tx) -> dict[str, int]:
     return {str(s): int(n) for s, n in rows}
 
 
-def gc(tx: Tx, *, before: float) -> tuple[int, int]:
-    """Forget finished outbox rows and inbox entries older than ``before``."""
+def gc(tx: Tx, *, before: float, now: float) -> tuple[int, int]:
+    """Forget finished outbox rows older than ``before``, and handled inbox ids older than
+    ``before`` and than every retention a receiver promised that still binds
+    (``retention_queries``), so that no gc forgets an id a sender was told is remembered."""
+    inbox_before = retention_queries.keep_before(tx, retention_queries.HTTP_INBOX, before, now=now)
     out = tx.rowcount(
         "DELETE FROM homing_http_outbox WHERE finished_at IS NOT NULL AND finished_at < ? "
         "AND next_attempt_at IS NULL",
@@ -400,6 +404,6 @@ def gc(tx: Tx, *, before: float) -> tuple[int, int]:
     inn = tx.rowcount(
         "DELETE FROM homing_http_inbox WHERE received_at < ? AND dead_at IS NULL "
         "AND (state <> 'received' OR mode = 'put')",
-        (before,),
+        (inbox_before,),
     )
     return out, inn

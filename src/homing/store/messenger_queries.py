@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from homing.store import retention_queries
 from homing.store.protocol import Tx
 
 
@@ -289,9 +290,11 @@ def delete_dead(tx: Tx, owner: str, direction: str, channel: str, message_id: in
     )
 
 
-def collect_garbage(tx: Tx, cutoff: float) -> dict[str, int]:
-    """Delete messenger rows idle since before ``cutoff``: seen state, dead letters, and
-    channels with no pending message (all owners)."""
+def collect_garbage(tx: Tx, cutoff: float, *, now: float) -> dict[str, int]:
+    """Delete messenger rows idle since before ``cutoff``, or before the longest retention
+    a running durable messenger promised if that is longer (``retention_queries``): seen
+    state, dead letters, and channels with no pending message (all owners)."""
+    cutoff = retention_queries.keep_before(tx, retention_queries.MESSENGER, cutoff, now=now)
     tx.execute(
         "DELETE FROM homing_messenger_gaps WHERE EXISTS (SELECT 1 FROM homing_messenger_seen s "
         "WHERE s.owner = homing_messenger_gaps.owner AND s.sender = homing_messenger_gaps.sender "

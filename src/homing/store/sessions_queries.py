@@ -70,24 +70,38 @@ def _notify(tx: Tx, channel: str, key: str = "") -> None:
 
 # -- sessions ----------------------------------------------------------------------------
 def open_session(
-    tx: Tx, client_id: str, *, now: float, keep_replies: int | None, default_keep: int
+    tx: Tx,
+    client_id: str,
+    *,
+    now: float,
+    keep_replies: int | None,
+    default_keep: int,
+    ttl: float,
 ) -> tuple[dict[str, Any], bool]:
-    """Create the client's session or re-establish the existing one; True if created."""
+    """Create the client's session or re-establish the existing one; True if created.
+    ``ttl``: the idle time the opener promised the session survives (``expire_sessions``)."""
     created = (
         tx.rowcount(
             "INSERT INTO homing_sessions (client_id, created_at, reconnected_at, connects, "
-            "keep_replies, epoch, active_at) VALUES (?, ?, ?, 1, ?, 1, ?) "
+            "keep_replies, epoch, active_at, ttl_s) VALUES (?, ?, ?, 1, ?, 1, ?, ?) "
             "ON CONFLICT (client_id) DO NOTHING",
-            (client_id, now, now, default_keep if keep_replies is None else keep_replies, now),
+            (
+                client_id,
+                now,
+                now,
+                default_keep if keep_replies is None else keep_replies,
+                now,
+                ttl,
+            ),
         )
         == 1
     )
     if not created:
         tx.execute(
             "UPDATE homing_sessions SET connects = connects + 1, epoch = epoch + 1, "
-            "reconnected_at = ?, active_at = ?, keep_replies = COALESCE(?, keep_replies) "
-            "WHERE client_id = ?",
-            (now, now, keep_replies, client_id),
+            "reconnected_at = ?, active_at = ?, keep_replies = COALESCE(?, keep_replies), "
+            "ttl_s = ? WHERE client_id = ?",
+            (now, now, keep_replies, ttl, client_id),
         )
     row = get_session(tx, client_id)
     assert row is not None
@@ -516,15 +530,17 @@ def gc(tx: Tx, *, taken_before: float) -> int:
     )
 
 
-def expire_sessions(tx: Tx, *, idle_before: float, limit: int = 1000) -> int:
-    """Delete up to ``limit`` sessions idle since before the cutoff, with their prepared
-    requests and every request and reply of theirs; returns how many sessions."""
+def expire_sessions(tx: Tx, *, idle_before: float, now: float, limit: int = 1000) -> int:
+    """Delete up to ``limit`` sessions idle since before the cutoff and for longer than
+    their own TTL (what their opener promised), with their prepared requests and every
+    request and reply of theirs; returns how many sessions."""
     clients = [
         str(r[0])
         for r in tx.query(
             "SELECT client_id FROM homing_sessions WHERE COALESCE(active_at, reconnected_at) < ? "
+            "AND COALESCE(active_at, reconnected_at) + COALESCE(ttl_s, 0) < ? "
             "ORDER BY COALESCE(active_at, reconnected_at) LIMIT ?",
-            (idle_before, limit),
+            (idle_before, now, limit),
         )
     ]
     if not clients:

@@ -293,6 +293,17 @@ def _v9(ident: str, real: str, now: str) -> tuple[str, ...]:
     )
 
 
+# Version 10: how long the faces promised to keep what their users count on (a receiver's
+# inbox ids, which it publishes to senders as its retention; a durable messenger's dead
+# letters and seen state): one row per kind and retention in use, refreshed while a
+# component runs, so that every gc (``homing gc``, a worker's upkeep, another component's)
+# keeps such rows for the longest promise still binding (store/retention_queries.py).
+_PROMISES = (
+    "CREATE TABLE homing_retention_promises (kind TEXT NOT NULL, retention_s {real} NOT NULL, "
+    "promised_at {real} NOT NULL, PRIMARY KEY (kind, retention_s))"
+)
+
+
 MIGRATIONS: list[Migration] = [
     Migration(1, "jobs", _SQLITE, _POSTGRES),
     Migration(2, "ready_index", _V2_SQLITE, _V2_POSTGRES),
@@ -328,5 +339,11 @@ MIGRATIONS: list[Migration] = [
             "DOUBLE PRECISION",
             "extract(epoch FROM now())",
         ),
+    ),
+    Migration(
+        10,
+        "retention_promises",
+        (_PROMISES.format(real="REAL"),),
+        (_PROMISES.format(real="DOUBLE PRECISION"),),
     ),
 ]

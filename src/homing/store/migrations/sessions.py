@@ -103,4 +103,13 @@ MIGRATIONS: list[Migration] = [
     Migration(
         2, "sessions leases, fencing, prepared requests", _v2("REAL"), _v2("DOUBLE PRECISION")
     ),
+    # v3: each session keeps the TTL its opener's ``Sessions(session_ttl=...)`` promised,
+    # so that no expiry with a shorter one (``homing gc``'s 30-day default, run every hour
+    # by a worker's upkeep) deletes it, with its untaken replies, sooner.
+    Migration(
+        3,
+        "sessions own ttl",
+        ("ALTER TABLE homing_sessions ADD COLUMN ttl_s REAL",),
+        ("ALTER TABLE homing_sessions ADD COLUMN ttl_s DOUBLE PRECISION",),
+    ),
 ]
