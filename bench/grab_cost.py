@@ -82,6 +82,10 @@ class _Capture:
 
     execute = query
 
+    def rowcount(self, sql: str, params: Any = ()) -> int:
+        self.query(sql, params)
+        return 0
+
 
 def homing_point(k: int, schema: str) -> dict[str, Any]:
     url = f"{PG}?schema={schema}"

@@ -37,7 +37,7 @@ from bench.common import proc_stat
 def timed(sql, params, totals, key):
     c0, t0 = proc_stat(pid)[1], time.perf_counter()
     cur = conn.execute(sql, params, prepare=True)
-    rows = cur.fetchall() if cur.description else []
+    rows = cur.fetchall() if cur.description else [None] * max(cur.rowcount, 0)
     totals[key][0] += time.perf_counter() - t0
     totals[key][1] += proc_stat(pid)[1] - c0
     return rows

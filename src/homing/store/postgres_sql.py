@@ -344,16 +344,29 @@ class PostgresSql(SqlDialect):
         else:  # each job its own pair's token (a repeated id: its first pair's)
             token_sql = "j.lease_token = (?::uuid[])[array_position(?::uuid[], j.id)]"
             params = [[p[1] for p in pairs], ids]
-        rows = tx.query(
+        changed = tx.rowcount(
             "UPDATE homing_jobs j SET state = 'done', finished_at = ?, lease_expires_at = NULL "
-            f"WHERE j.id = ANY(?::uuid[]) AND {token_sql} AND j.state = {STILL_RUNNING} "
-            "RETURNING j.id, j.lease_token",
+            f"WHERE j.id = ANY(?::uuid[]) AND {token_sql} AND j.state = {STILL_RUNNING}",
             (now, ids, *params),
         )
-        return {(str(r[0]), str(r[1])) for r in rows}
+        wanted = set(pairs)
+        if changed == len(wanted) == len(set(ids)):  # every job, each under its pair's lease
+            return wanted
+        # Some were refused (or an id came twice): which pairs are done now. Returning the
+        # ids from the UPDATE instead cost every completion a row per job to send and read
+        # (complete_many 100 jobs: 2.15-2.93 -> 1.50-2.27 ms of server CPU, ad hoc).
+        rows = tx.query(
+            "SELECT id, lease_token FROM homing_jobs WHERE id = ANY(?::uuid[]) AND state = 'done'",
+            (ids,),
+        )
+        return wanted & {(str(r[0]), str(r[1])) for r in rows}
 
     def finish_many(self, tx: Tx, job_ids: Sequence[str], token: str, *, now: float) -> int:
-        return len(self.finish_leased(tx, [(i, token) for i in job_ids], now=now))
+        return tx.rowcount(
+            "UPDATE homing_jobs j SET state = 'done', finished_at = ?, lease_expires_at = NULL "
+            f"WHERE j.id = ANY(?::uuid[]) AND j.lease_token = ? AND j.state = {STILL_RUNNING}",
+            (now, list(job_ids), token),
+        )
 
 
 def _ready_pick(g: GrabRequest) -> tuple[str, list[Any]]:
