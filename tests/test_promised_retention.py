@@ -13,6 +13,7 @@ its untaken replies, while its client was still within its TTL.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -189,3 +190,39 @@ def test_homing_gc_keeps_a_session_for_the_ttl_its_opener_set(rdb: homing.Databa
     assert collect(rdb)["sessions.expired"] == 1
     with pytest.raises(SessionNotFound):
         sessions.info("c")
+
+
+def test_a_long_handler_batch_does_not_hold_up_the_promise(
+    rdb: homing.Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The promise is refreshed by a thread of its own: the inbox loop, which waits for
+    each batch of handlers, may be busy for longer than the promise's grace."""
+    from homing.http import _worker
+
+    monkeypatch.setattr(_worker, "GC_EVERY_S", 0.05)
+    receiver = Receiver(rdb, retention=9 * DAY, dispatch=False)
+    inbox_worker = receiver._worker
+    busy = threading.Event()
+
+    def stuck_loop() -> None:  # a handler batch that takes for ever
+        busy.set()
+        inbox_worker._stop.wait()
+
+    monkeypatch.setattr(inbox_worker, "_loop", stuck_loop)
+
+    def promised_at() -> float:
+        with rdb.store.transaction(write=False) as tx:
+            row = tx.query_one("SELECT promised_at FROM homing_retention_promises")
+        assert row is not None
+        return float(row[0])
+
+    receiver.start()
+    try:
+        assert busy.wait(10)
+        first = promised_at()
+        deadline = time.monotonic() + 10
+        while promised_at() == first and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert promised_at() > first
+    finally:
+        receiver.stop()

@@ -1,13 +1,13 @@
 """The receiver's background worker: polls the inbox for due Option 2 and job entries and
 hands them, in batches, to a small thread pool (each batch one transaction). It also keeps
 the set of entries being handled in this process, so that a put being served and its
-retries are told apart (409), and runs gc with the inbox retention."""
+retries are told apart (409). A thread of its own refreshes the receiver's retention
+promise (``retention_queries``) and runs gc with the inbox retention."""
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -51,7 +51,7 @@ class InboxWorker:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._promised = False
+        self._upkeep_thread: threading.Thread | None = None
         self._pool: ThreadPoolExecutor | None = None
 
     @property
@@ -78,13 +78,19 @@ class InboxWorker:
         self._stop.clear()
         try:  # before the first message: its sender is told the retention
             promise(self.db, self.retention)
-            self._promised = True
-        except Exception as exc:  # the store is down: the loop tries again
+            first_upkeep = GC_EVERY_S
+        except Exception as exc:  # the store is down: the upkeep thread tries again soon
             log.warning("could not record the inbox retention (%s); retrying", exc)
-            self._promised = False
+            first_upkeep = UPKEEP_RETRY_S
         self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="homing-in")
         self._thread = threading.Thread(target=self._loop, name="homing-http-inbox", daemon=True)
         self._thread.start()
+        # a thread of its own: a long handler batch in the loop must not hold up the
+        # promise's refresh past its grace (retention_queries.PROMISE_GRACE_S)
+        self._upkeep_thread = threading.Thread(
+            target=self._keep_up, args=(first_upkeep,), name="homing-http-gc", daemon=True
+        )
+        self._upkeep_thread.start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -92,6 +98,9 @@ class InboxWorker:
         if self._thread is not None:
             self._thread.join(10)
             self._thread = None
+        if self._upkeep_thread is not None:
+            self._upkeep_thread.join(10)
+            self._upkeep_thread = None
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
@@ -99,20 +108,20 @@ class InboxWorker:
     def wake(self) -> None:
         self._wake.set()
 
-    def _upkeep(self) -> float:
-        """Refresh this receiver's promise (``retention_queries``) and run gc; returns
-        when to do it next (sooner after a failure)."""
-        try:
-            promise(self.db, self.retention)
-            self._promised = True
-            gc(self.db, older_than=self.retention)
-        except Exception as exc:
-            log.warning("inbox gc failed (%s); retrying in %gs", exc, UPKEEP_RETRY_S)
-            return time.monotonic() + UPKEEP_RETRY_S
-        return time.monotonic() + GC_EVERY_S
+    def _keep_up(self, first: float) -> None:
+        """Every ``GC_EVERY_S`` until stopped: refresh this receiver's retention promise
+        (``retention_queries``) and run gc; after a failure, again in ``UPKEEP_RETRY_S``."""
+        wait = first
+        while not self._stop.wait(wait):
+            try:
+                promise(self.db, self.retention)
+                gc(self.db, older_than=self.retention)
+                wait = GC_EVERY_S
+            except Exception as exc:
+                log.warning("inbox gc failed (%s); retrying in %gs", exc, UPKEEP_RETRY_S)
+                wait = UPKEEP_RETRY_S
 
     def _loop(self) -> None:
-        next_upkeep = time.monotonic() + (GC_EVERY_S if self._promised else UPKEEP_RETRY_S)
         while not self._stop.is_set():
             try:
                 with self.db.store.transaction(write=False) as tx:
@@ -129,8 +138,6 @@ class InboxWorker:
             if not due:
                 self._wake.wait(0.1)
                 self._wake.clear()
-            if time.monotonic() >= next_upkeep:
-                next_upkeep = self._upkeep()
 
     def _background(self, msg_ids: list[str]) -> None:
         try:
