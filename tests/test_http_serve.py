@@ -129,3 +129,46 @@ def test_serve_refuses_bad_flags(tmp_path: Path) -> None:
 def test_the_example_runs() -> None:
     result = runpy.run_path(str(ROOT / "examples" / "http_orders.py"))["main"]()
     assert result["reservations"] == [["apple", 3], ["fig", 2], ["pear", 1]]
+
+
+def test_homing_serve_keeps_the_store_tidy(stores: Any) -> None:
+    """A deployment of ``homing serve`` alone (no worker, no cron entry) stays bounded:
+    the server runs ``homing gc`` on its own schedule, as a worker and a sessions server
+    do. A job finished long ago (aged here past the 7-day retention) is deleted while the
+    server runs."""
+    url = stores.url("serve_tidy")
+    db = homing.connect(url)
+    assert isinstance(db, homing.Database)
+    try:
+        db.insert("t", {"n": 1})
+        job = db.grab("t", lock_for=30)
+        assert job is not None
+        db.complete(job)
+        with db.store.transaction() as tx:  # finished 40 days ago, as far as gc can tell
+            tx.execute("UPDATE homing_jobs SET finished_at = finished_at - ?", (40 * 86400,))
+        port = free_port()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "homing", "--db", url, "serve", "--port", str(port)]
+            + ["--gc-every", "0.3", "--vacuum-every", "0"],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                try:
+                    db.details(job.handle)
+                except homing.NotFound:
+                    break
+                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+                time.sleep(0.1)
+            else:
+                raise AssertionError("homing serve never collected the old job")
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+    finally:
+        db.close()

@@ -20,7 +20,7 @@ from typing import Any
 
 import click
 
-from homing.cli import open_db
+from homing.cli import open_db, upkeep_options
 from homing.database import Database
 from homing.errors import ConfigurationError
 from homing.http import Receiver
@@ -156,6 +156,7 @@ def _dashboard_access(host: str, token: str | None) -> Any:
     help="Mount the dashboard at /dashboard behind this bearer token (needed when --host is "
     "not loopback; on loopback it is mounted without one when homing[dashboard] is installed).",
 )
+@upkeep_options("server")
 @click.pass_context
 def serve(
     ctx: click.Context,
@@ -171,15 +172,28 @@ def serve(
     secrets: tuple[str, ...],
     webhook_secrets: tuple[str, ...],
     dashboard_token: str | None,
+    gc_every: float,
+    vacuum_every: float,
 ) -> None:
-    """Serve reliable HTTP nodes and drain the outbox (seed 000)."""
+    """Serve reliable HTTP nodes and drain the outbox (seed 000).
+
+    Like a worker, the server keeps the store tidy while it runs (``--gc-every``,
+    ``--vacuum-every``: ``homing gc``, which keeps what every receiver promised its
+    senders, and a VACUUM on PostgreSQL without autovacuum)."""
+    import logging
+    import threading
+
     import uvicorn
+
+    from homing import upkeep
 
     db = open_db(ctx)
     if not isinstance(db, Database):
         db.close()
         raise ConfigurationError("homing serve works on one store, not a sharded list of URLs")
     receiver: Receiver | None = None
+    stopped = threading.Event()
+    tidy: threading.Thread | None = None
     try:
         keys = parse_secrets(secrets)
         receiver = Receiver(
@@ -208,8 +222,18 @@ def serve(
         # uvicorn shuts down gracefully on SIGTERM and then re-raises it: make that an exit
         # through ``finally`` (stop the worker and dispatcher, close the store), status 0.
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        tidy = upkeep.start(
+            lambda: [db],
+            stopped,
+            gc_every=gc_every,
+            vacuum_every=vacuum_every,
+            log=logging.getLogger("homing.http"),
+        )
         uvicorn.run(app, host=host, port=port, log_level="warning")
     finally:
+        stopped.set()
+        if tidy is not None:
+            tidy.join(30)  # a pass under way ends before the store closes
         if receiver is not None:
             receiver.stop()
         db.close()

@@ -49,6 +49,30 @@ def keep_tidy(
             next_vacuum = now + vacuum_every
 
 
+def start(
+    stores: Stores,
+    stopped: threading.Event,
+    *,
+    gc_every: float,
+    vacuum_every: float,
+    log: logging.Logger,
+) -> threading.Thread | None:
+    """``keep_tidy`` in a daemon thread of its own (None when both are off); set
+    ``stopped`` and join the thread before closing the stores, so that a pass under way
+    ends first."""
+    if gc_every <= 0 and vacuum_every <= 0:
+        return None
+    thread = threading.Thread(
+        target=keep_tidy,
+        args=(stores, stopped),
+        kwargs={"gc_every": gc_every, "vacuum_every": vacuum_every, "log": log},
+        name="homing-upkeep",
+        daemon=True,
+    )
+    thread.start()
+    return thread
+
+
 def warn_about_the_stores(stores: Stores, log: logging.Logger) -> None:
     """Say at start what of the stores' setup will slow statements down (PostgreSQL
     without autovacuum); a store that cannot tell, or is down now, says nothing."""

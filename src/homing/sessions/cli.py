@@ -205,20 +205,13 @@ def server(
             handler_timeout=handler_timeout,
         )
         click.echo(f"serving {', '.join(srv.queues)} as {srv.name}", err=True)
-        tidy = None
-        if gc_every > 0 or vacuum_every > 0:
-            tidy = threading.Thread(
-                target=upkeep.keep_tidy,
-                args=(lambda: [db], stop),
-                kwargs={
-                    "gc_every": gc_every,
-                    "vacuum_every": vacuum_every,
-                    "log": logging.getLogger("homing.sessions"),
-                },
-                name="homing-upkeep",
-                daemon=True,
-            )
-            tidy.start()
+        tidy = upkeep.start(
+            lambda: [db],
+            stop,
+            gc_every=gc_every,
+            vacuum_every=vacuum_every,
+            log=logging.getLogger("homing.sessions"),
+        )
         try:
             n = srv.run(stop, idle_wait=0.5)
         except KeyboardInterrupt:
