@@ -33,6 +33,7 @@ from homing.sessions._model import (
     encode_body,
 )
 from homing.store import sessions_queries as q
+from homing.store import sessions_server_queries as sq
 
 RequestHandler = Callable[[Request, Transaction], Any]
 MAX_BACKOFF_S = 3600.0
@@ -145,7 +146,7 @@ class _LeaseKeeper:
         store = self.server.db.store
         try:
             with store.statement(durable=False) as tx:
-                return q.extend_lease(
+                return sq.extend_lease(
                     tx, request_id, token, until=store.clock.now() + self.server.lease
                 )
         except HomingError:
@@ -218,7 +219,7 @@ class Server:
         # locks and writes nothing: a look first would be one more round trip a request.
         if not store.capabilities.skip_locked:
             with store.read() as tx:
-                if not q.request_due(tx, self.queues, now=store.clock.now()):
+                if not sq.request_due(tx, self.queues, now=store.clock.now()):
                     return False
         taken = self._take()
         if taken is None:
@@ -243,7 +244,7 @@ class Server:
         token = uuid7()
         now = store.clock.now()
         with store.statement(durable=False) as tx:
-            leased = q.lease_due_request(
+            leased = sq.lease_due_request(
                 tx,
                 self.queues,
                 now=now,
@@ -267,13 +268,13 @@ class Server:
         store = self.db.store
         with store.transaction() as tx:
             now = store.clock.now()
-            row = q.next_due_request(tx, self.queues, now=now)
+            row = sq.next_due_request(tx, self.queues, now=now)
             if row is None:
                 return None
             rid = str(row["id"])
             if int(row["attempts"]) >= self.max_attempts:
                 last = row["last_error"] or "the server died or hung (its lease ran out)"
-                q.enqueue_reply(
+                sq.enqueue_reply(
                     tx,
                     rid,
                     reply=None,
@@ -285,7 +286,7 @@ class Server:
                 )
                 return "dead"
             token = uuid7()
-            q.lease_request(tx, rid, token=token, until=now + self.lease, server=self.name)
+            sq.lease_request(tx, rid, token=token, until=now + self.lease, server=self.name)
         failpoint("sessions.server_after_take")
         return Request(rid, str(row["queue"]), decode(row["body"])), token
 
@@ -322,10 +323,10 @@ class Server:
                         body = self.handler(request, txn)
                     text = encode_body("reply body", body, self.max_body_bytes)
                 except Exception as exc:
-                    if deferred and q.is_write_conflict(exc):
+                    if deferred and sq.is_write_conflict(exc):
                         raise _WriteConflict() from exc
                     raise _HandlerFailed(exc) from exc
-                if not q.enqueue_reply(
+                if not sq.enqueue_reply(
                     txn.tx,
                     request.id,
                     reply=text,
@@ -339,7 +340,7 @@ class Server:
         except (_WriteConflict, _LeaseLost, _HandlerFailed):
             raise
         except Exception as exc:
-            if deferred and q.is_write_conflict(exc):
+            if deferred and sq.is_write_conflict(exc):
                 raise _WriteConflict() from exc
             raise
 
@@ -358,8 +359,8 @@ class Server:
                     if isinstance(exc, PermanentFailure)
                     else f"gave up after {attempts} attempts"
                 )
-                q.release_request(tx, request.id, token, error=message, available_at=now)
-                q.enqueue_reply(
+                sq.release_request(tx, request.id, token, error=message, available_at=now)
+                sq.enqueue_reply(
                     tx,
                     request.id,
                     reply=None,
@@ -371,7 +372,7 @@ class Server:
             else:
                 backoff = Backoff(first=self.retry_in, factor=2, maximum=MAX_BACKOFF_S)
                 delay = backoff.wait(attempts - 1)
-                q.release_request(tx, request.id, token, error=message, available_at=now + delay)
+                sq.release_request(tx, request.id, token, error=message, available_at=now + delay)
 
     def run(
         self,

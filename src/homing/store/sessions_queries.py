@@ -6,9 +6,8 @@ request queue) -> ``replied`` (in the client's private reply queue) -> ``taken``
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 from homing.store.protocol import Pending, Tx
 
@@ -60,11 +59,11 @@ def _session(values: Sequence[Any] | None) -> dict[str, Any] | None:
     return None if values is None else dict(zip(SESSION_COLUMNS, values, strict=True))
 
 
-def _request(values: Sequence[Any] | None) -> dict[str, Any] | None:
+def request_row(values: Sequence[Any] | None) -> dict[str, Any] | None:
     return None if values is None else dict(zip(REQUEST_COLUMNS, values, strict=True))
 
 
-def _notify(tx: Tx, channel: str, key: str = "") -> None:
+def announce(tx: Tx, channel: str, key: str = "") -> None:
     tx.store.notify(tx, channel, key)
 
 
@@ -135,7 +134,7 @@ def _first_session(cur: Any) -> dict[str, Any] | None:
 
 
 def _first_request(cur: Any) -> dict[str, Any] | None:
-    return _request(cur.fetchone())
+    return request_row(cur.fetchone())
 
 
 def _one_row_changed(cur: Any) -> bool:
@@ -250,7 +249,7 @@ def defer_insert_request(
         (request_id, client_id, queue, body, now, now),
         _one_row_changed,
     )
-    _notify(tx, REQUEST_CHANNEL)
+    announce(tx, REQUEST_CHANNEL)
     return inserted
 
 
@@ -273,7 +272,7 @@ def get_requests(tx: Tx, request_ids: Sequence[str]) -> list[dict[str, Any]]:
     rows = tx.query(
         f"SELECT {_R_COLS} FROM homing_session_requests WHERE id IN ({marks})", list(request_ids)
     )
-    return [r for r in (_request(v) for v in rows) if r is not None]
+    return [r for r in (request_row(v) for v in rows) if r is not None]
 
 
 def session_requests(tx: Tx, client_id: str) -> list[dict[str, Any]]:
@@ -283,160 +282,7 @@ def session_requests(tx: Tx, client_id: str) -> list[dict[str, Any]]:
         "AND (state <> 'taken' OR remembered = 1) ORDER BY seq",
         (client_id,),
     )
-    return [r for r in (_request(v) for v in rows) if r is not None]
-
-
-# -- server (Transaction 2) --------------------------------------------------------------
-def next_due_request(tx: Tx, queues: Sequence[str], *, now: float) -> dict[str, Any] | None:
-    """The oldest due request of ``queues``, locked until commit (other servers skip it).
-    A request whose lease ran out is due again: its server died or hung."""
-    clause, params = tx.sql.in_list("queue", queues)  # (SQLite: BEGIN IMMEDIATE holds the lock)
-    row = tx.query_one(
-        f"SELECT {_R_COLS} FROM homing_session_requests WHERE {clause} "
-        "AND state = 'queued' AND available_at <= ? ORDER BY available_at, seq LIMIT 1"
-        + tx.sql.skip_locked,
-        (*params, now),
-    )
-    return _request(row)
-
-
-def lease_due_request(
-    tx: Tx,
-    queues: Sequence[str],
-    *,
-    now: float,
-    token: str,
-    until: float,
-    server: str,
-    max_attempts: int,
-) -> tuple[str, str, str] | Literal["dead"] | None:
-    """Lease the oldest due request of ``queues`` (counting an attempt) and return its
-    (id, queue, body). When it leased nothing: ``"dead"`` if a due request was taken
-    ``max_attempts`` times already (its dead reply is owed: ``next_due_request`` gives
-    it), else None. Other servers skip the row while this runs. On PostgreSQL one
-    statement, so that an idle server's poll, and the one after each request, is one
-    round trip."""
-    clause, params = tx.sql.in_list("queue", queues)
-    lease = (
-        "UPDATE homing_session_requests SET attempts = attempts + 1, lease_token = ?, "
-        "available_at = ?, server = ? WHERE id = (SELECT id FROM homing_session_requests "
-        f"WHERE {clause} AND state = 'queued' AND available_at <= ? "
-        f"ORDER BY available_at, seq LIMIT 1{tx.sql.skip_locked}) "
-        "AND state = 'queued' AND attempts < ? RETURNING id, queue, body"
-    )
-    lease_params = (token, until, server, *params, now, max_attempts)
-    dead = (
-        f"SELECT 1 FROM homing_session_requests WHERE {clause} AND state = 'queued' "
-        "AND available_at <= ? AND attempts >= ?"
-    )
-    dead_params = (*params, now, max_attempts)
-    if tx.dialect == "postgres":  # a data-modifying WITH: SQLite has none (and no round trips)
-        row = tx.query_one(
-            f"WITH leased AS ({lease}) SELECT id, queue, body FROM leased UNION ALL "
-            f"SELECT NULL, NULL, NULL WHERE NOT EXISTS (SELECT 1 FROM leased) "
-            f"AND EXISTS ({dead})",
-            (*lease_params, *dead_params),
-        )
-        if row is None:
-            return None
-        return "dead" if row[0] is None else (str(row[0]), str(row[1]), str(row[2]))
-    row = tx.query_one(lease, lease_params)
-    if row is not None:
-        return (str(row[0]), str(row[1]), str(row[2]))
-    return "dead" if tx.query_one(dead + " LIMIT 1", dead_params) is not None else None
-
-
-def lease_request(tx: Tx, request_id: str, *, token: str, until: float, server: str) -> None:
-    """Count one attempt and lease the request to ``token`` until ``until``."""
-    tx.execute(
-        "UPDATE homing_session_requests SET attempts = attempts + 1, lease_token = ?, "
-        "available_at = ?, server = ? WHERE id = ? AND state = 'queued'",
-        (token, until, server, request_id),
-    )
-
-
-def is_write_conflict(exc: BaseException) -> bool:
-    """Whether ``exc`` (or its cause) is SQLite refusing a deferred transaction's write
-    because another connection wrote first (busy / locked): safe to retry from scratch."""
-    seen: BaseException | None = exc
-    for _ in range(5):
-        if seen is None:
-            return False
-        if isinstance(seen, sqlite3.OperationalError) and (
-            "locked" in str(seen) or "busy" in str(seen)
-        ):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
-
-
-def extend_lease(tx: Tx, request_id: str, token: str, *, until: float) -> bool:
-    """Keep a request leased while its handler runs; False if the lease was lost."""
-    return (
-        tx.rowcount(
-            "UPDATE homing_session_requests SET available_at = ? WHERE id = ? "
-            "AND state = 'queued' AND lease_token = ?",
-            (until, request_id, token),
-        )
-        == 1
-    )
-
-
-def request_due(tx: Tx, queues: Sequence[str], *, now: float) -> bool:
-    """Whether any request of ``queues`` is due: a cheap read before a locking dequeue."""
-    marks = ", ".join("?" for _ in queues)
-    row = tx.query_one(
-        f"SELECT 1 FROM homing_session_requests WHERE queue IN ({marks}) "
-        "AND state = 'queued' AND available_at <= ? LIMIT 1",
-        (*queues, now),
-    )
-    return row is not None
-
-
-def enqueue_reply(
-    tx: Tx,
-    request_id: str,
-    *,
-    reply: str | None,
-    error: str | None,
-    now: float,
-    server: str,
-    token: str | None,
-) -> bool:
-    """Move the request from the request queue to its client's reply queue; with a
-    ``token``, only while that lease is still the request's (else nothing changes). The
-    announcement wakes that client's waiters only (``Store.wakeup(key=...)``), not every
-    client waiting for a reply."""
-    sql = (
-        "UPDATE homing_session_requests SET state = 'replied', reply = ?, reply_error = ?, "
-        "replied_at = ?, server = ?, lease_token = NULL WHERE id = ? AND state = 'queued'"
-    )
-    params: tuple[Any, ...] = (reply, error, now, server, request_id)
-    if token is not None:
-        sql += " AND lease_token = ?"
-        params += (token,)
-    row = tx.query_one(sql + " RETURNING client_id", params)
-    if row is None:
-        return False
-    _notify(tx, REPLY_CHANNEL, str(row[0]))
-    return True
-
-
-def release_request(
-    tx: Tx, request_id: str, token: str, *, error: str, available_at: float
-) -> bool:
-    """A handler failed: record why and make the request due again at ``available_at``."""
-    released = (
-        tx.rowcount(
-            "UPDATE homing_session_requests SET last_error = ?, available_at = ?, "
-            "lease_token = NULL WHERE id = ? AND state = 'queued' AND lease_token = ?",
-            (error, available_at, request_id, token),
-        )
-        == 1
-    )
-    if released:
-        _notify(tx, REQUEST_CHANNEL)
-    return released
+    return [r for r in (request_row(v) for v in rows) if r is not None]
 
 
 # -- client (Transaction 3) --------------------------------------------------------------
@@ -480,7 +326,7 @@ def _reply_pick(
 
 def next_reply(tx: Tx, client_id: str, request_id: str | None) -> dict[str, Any] | None:
     """The client's oldest reply (or the reply to ``request_id``), locked until commit."""
-    return _request(tx.query_one(*_reply_pick(tx, _R_COLS, client_id, request_id)))
+    return request_row(tx.query_one(*_reply_pick(tx, _R_COLS, client_id, request_id)))
 
 
 def defer_take_next_reply(
