@@ -181,7 +181,6 @@ def serve(
     ``--vacuum-every``: ``homing gc``, which keeps what every receiver promised its
     senders, and a VACUUM on PostgreSQL without autovacuum)."""
     import logging
-    import threading
 
     import uvicorn
 
@@ -192,8 +191,6 @@ def serve(
         db.close()
         raise ConfigurationError("homing serve works on one store, not a sharded list of URLs")
     receiver: Receiver | None = None
-    stopped = threading.Event()
-    tidy: threading.Thread | None = None
     try:
         keys = parse_secrets(secrets)
         receiver = Receiver(
@@ -222,18 +219,10 @@ def serve(
         # uvicorn shuts down gracefully on SIGTERM and then re-raises it: make that an exit
         # through ``finally`` (stop the worker and dispatcher, close the store), status 0.
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-        tidy = upkeep.start(
-            lambda: [db],
-            stopped,
-            gc_every=gc_every,
-            vacuum_every=vacuum_every,
-            log=logging.getLogger("homing.http"),
-        )
-        uvicorn.run(app, host=host, port=port, log_level="warning")
+        log = logging.getLogger("homing.http")
+        with upkeep.running(db, gc_every=gc_every, vacuum_every=vacuum_every, log=log):
+            uvicorn.run(app, host=host, port=port, log_level="warning")
     finally:
-        stopped.set()
-        if tidy is not None:
-            tidy.join(30)  # a pass under way ends before the store closes
         if receiver is not None:
             receiver.stop()
         db.close()

@@ -16,7 +16,8 @@ import math
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 from homing.database import Database
 from homing.housekeeping import collect
@@ -49,28 +50,31 @@ def keep_tidy(
             next_vacuum = now + vacuum_every
 
 
-def start(
-    stores: Stores,
-    stopped: threading.Event,
-    *,
-    gc_every: float,
-    vacuum_every: float,
-    log: logging.Logger,
-) -> threading.Thread | None:
-    """``keep_tidy`` in a daemon thread of its own (None when both are off); set
-    ``stopped`` and join the thread before closing the stores, so that a pass under way
-    ends first."""
+@contextmanager
+def running(
+    db: Database, *, gc_every: float, vacuum_every: float, log: logging.Logger
+) -> Iterator[None]:
+    """``keep_tidy`` for ``db`` in a daemon thread while the block runs (none when both
+    schedules are off); on the way out a pass under way ends before the block's caller
+    closes the store. For long-running commands (``homing serve``, ``homing sessions
+    server``)."""
     if gc_every <= 0 and vacuum_every <= 0:
-        return None
+        yield
+        return
+    stopped = threading.Event()
     thread = threading.Thread(
         target=keep_tidy,
-        args=(stores, stopped),
+        args=(lambda: [db], stopped),
         kwargs={"gc_every": gc_every, "vacuum_every": vacuum_every, "log": log},
         name="homing-upkeep",
         daemon=True,
     )
     thread.start()
-    return thread
+    try:
+        yield
+    finally:
+        stopped.set()
+        thread.join(30)
 
 
 def warn_about_the_stores(stores: Stores, log: logging.Logger) -> None:

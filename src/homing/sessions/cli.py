@@ -205,18 +205,10 @@ def server(
             handler_timeout=handler_timeout,
         )
         click.echo(f"serving {', '.join(srv.queues)} as {srv.name}", err=True)
-        tidy = upkeep.start(
-            lambda: [db],
-            stop,
-            gc_every=gc_every,
-            vacuum_every=vacuum_every,
-            log=logging.getLogger("homing.sessions"),
-        )
-        try:
-            n = srv.run(stop, idle_wait=0.5)
-        except KeyboardInterrupt:
-            n = -1
-        stop.set()
-        if tidy is not None:
-            tidy.join(30)  # a pass under way ends before the store closes
+        log = logging.getLogger("homing.sessions")
+        with upkeep.running(db, gc_every=gc_every, vacuum_every=vacuum_every, log=log):
+            try:
+                n = srv.run(stop, idle_wait=0.5)
+            except KeyboardInterrupt:
+                n = -1
     click.echo(f"stopped; handled {n} requests" if n >= 0 else "stopped", err=True)

@@ -354,7 +354,7 @@ class PostgresSql(SqlDialect):
             return wanted
         # Some were refused (or an id came twice): which pairs are done now. Returning the
         # ids from the UPDATE instead cost every completion a row per job to send and read
-        # (complete_many 100 jobs: 2.15-2.93 -> 1.50-2.27 ms of server CPU, ad hoc).
+        # (bench/results/statements-f98069c-count-completion.txt).
         rows = tx.query(
             "SELECT id, lease_token FROM homing_jobs WHERE id = ANY(?::uuid[]) AND state = 'done'",
             (ids,),

@@ -8,8 +8,8 @@ worker's or a sessions server's upkeep) runs with defaults of its own. So a comp
 records its promise here while it runs, and every gc of such rows keeps them for the
 longest promise still binding.
 
-A promise refreshed at ``promised_at`` covers the rows written until ``grace`` seconds
-later (components refresh every 10 minutes or more often; the grace leaves room for a
+A promise refreshed at ``promised_at`` covers the rows written until ``PROMISE_GRACE_S``
+seconds later (components refresh every 10 minutes or more often; the grace leaves room for a
 slow or failed refresh, and for the rows written just before a component stopped), and
 binds for ``retention_s`` seconds after that.
 """
@@ -35,28 +35,26 @@ def promise(tx: Tx, kind: str, retention_s: float, *, now: float) -> None:
     )
 
 
-def binding(tx: Tx, kind: str, *, now: float, grace: float = PROMISE_GRACE_S) -> float:
+def binding(tx: Tx, kind: str, *, now: float) -> float:
     """The longest retention of ``kind`` promised that may still cover a row; 0 if none."""
     row = tx.query_one(
         "SELECT MAX(retention_s) FROM homing_retention_promises "
         "WHERE kind = ? AND promised_at + ? + retention_s > ?",
-        (kind, grace, now),
+        (kind, PROMISE_GRACE_S, now),
     )
     return float(row[0]) if row is not None and row[0] is not None else 0.0
 
 
-def keep_before(
-    tx: Tx, kind: str, before: float, *, now: float, grace: float = PROMISE_GRACE_S
-) -> float:
+def keep_before(tx: Tx, kind: str, before: float, *, now: float) -> float:
     """``before`` (a gc's cut-off time), moved back as far as a binding promise of ``kind``
     needs: rows older than the result may go."""
-    return min(before, now - binding(tx, kind, now=now, grace=grace))
+    return min(before, now - binding(tx, kind, now=now))
 
 
-def forget_unbinding(tx: Tx, *, now: float, grace: float = PROMISE_GRACE_S) -> int:
+def forget_unbinding(tx: Tx, *, now: float) -> int:
     """Delete the promises that cover no row any more (for ``homing gc``): the table holds
     one row per kind and retention in use."""
     return tx.rowcount(
         "DELETE FROM homing_retention_promises WHERE promised_at + ? + retention_s <= ?",
-        (grace, now),
+        (PROMISE_GRACE_S, now),
     )
