@@ -171,6 +171,15 @@ def targets(doc: dict[str, Any]) -> list[Target]:
             info=True,
         ),
         Target(
+            "pg-api-joined-vs-pgqueuer",
+            "(info) the job-API loop with each completion and the next grab in one commit "
+            "(homing-pg-joined)",
+            (c1, "homing-pg-joined"),
+            (c1, "pgqueuer"),
+            3.0,
+            info=True,
+        ),
+        Target(
             "pg-batched-vs-pgqueuer",
             "PostgreSQL batched full cycle >= 2x pgqueuer batch 100",
             (c100, "homing-pg"),
@@ -197,6 +206,15 @@ def targets(doc: dict[str, Any]) -> list[Target]:
             (c1, "homing-sqlite"),
             (c1, "huey-sqlite"),
             1.0,
+        ),
+        Target(
+            "sqlite-joined-vs-huey",
+            "(info) the same with each completion and the next grab in one commit "
+            "(homing-sqlite-joined)",
+            (c1, "homing-sqlite-joined"),
+            (c1, "huey-sqlite"),
+            1.0,
+            info=True,
         ),
         Target(
             "workers-sqlite-vs-huey",

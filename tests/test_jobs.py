@@ -799,3 +799,31 @@ def test_a_listener_registers_while_it_listens_and_leaves_with_its_store(
         )
     db.gc()
     assert registered() == 0
+
+
+def test_a_completion_and_the_next_grab_share_one_commit(db: homing.Database) -> None:
+    """The loop of docs/jobs.md ("A loop of your own"): ``tx.complete`` then
+    ``tx.grab_many`` in one transaction. Both land with its commit; when the block raises,
+    neither does: the job stays leased to its holder (who may complete it again) and the
+    next one stays ready."""
+    first, second, third = (db.insert("loop", {"n": n}) for n in range(3))
+    job = db.grab("loop", lock_for=30)
+    assert job is not None and job.handle == first
+    with pytest.raises(RuntimeError, match="after the grab"):
+        with db.transaction() as tx:
+            tx.complete(job)
+            taken = tx.grab_many("loop", lock_for=30, limit=1)
+            assert [j.handle for j in taken] == [second]
+            raise RuntimeError("after the grab")
+    assert db.details(first).state == "running"
+    assert db.details(second).state == "ready"
+    with db.transaction() as tx:
+        tx.complete(job)  # the same lease: the rollback undid nothing it held
+        nxt = tx.grab_many("loop", lock_for=30, limit=2)
+    assert [j.handle for j in nxt] == [second, third]
+    assert db.details(first).state == "done"
+    assert {db.details(h).state for h in (second, third)} == {"running"}
+    with db.transaction() as tx:
+        tx.complete_many(nxt)
+        assert tx.grab_many("loop", lock_for=30, limit=1) == []
+    assert {db.details(h).state for h in (first, second, third)} == {"done"}

@@ -85,8 +85,10 @@ class Driver:
 REGISTRY: dict[str, str] = {
     "homing-sqlite": "bench.drivers.homing_jobs:HomingSQLite",
     "homing-sqlite-nd": "bench.drivers.homing_jobs:HomingSQLiteNonDurable",
+    "homing-sqlite-joined": "bench.drivers.homing_jobs:HomingSQLiteJoined",
     "homing-pg": "bench.drivers.homing_jobs:HomingPostgres",
     "homing-pg-nd": "bench.drivers.homing_jobs:HomingPostgresNonDurable",
+    "homing-pg-joined": "bench.drivers.homing_jobs:HomingPostgresJoined",
     "homing-worker-sqlite": "bench.drivers.homing_worker:HomingWorkerSQLite",
     "homing-worker-pg": "bench.drivers.homing_worker:HomingWorkerPostgres",
     "raw-sqlite": "bench.drivers.raw_sql:RawSQLite",

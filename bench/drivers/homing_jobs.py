@@ -5,6 +5,12 @@ exist; ``homing_worker.py`` drives the real worker runtime once it lands): grab 
 ``batch`` jobs, run the no-op handler, complete them (one transaction per job when
 ``batch == 1``, one ``complete_many`` otherwise). Idle PostgreSQL consumers wait on
 LISTEN/NOTIFY (``Database.wait_for_jobs``); idle SQLite consumers poll every 2 ms.
+
+The ``-joined`` systems run the loop docs/jobs.md recommends for a consumer of one's own
+("A loop of your own"): after the first grab, each completion and the next grab share
+one transaction (``tx.complete`` / ``tx.complete_many`` then ``tx.grab_many`` in
+``db.transaction()``): one commit a turn instead of two, the grab made durable with the
+completion.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ class _Producer:
 class _Homing(Driver):
     batch_ok = True
     durable = True
+    joined = False  # complete and grab the next jobs in one transaction
     startup_s = 0.3
 
     def url(self) -> str:
@@ -49,6 +56,8 @@ class _Homing(Driver):
         return _Producer(self.connect(), self.batch)
 
     def consume(self, slot: int) -> None:
+        if self.joined:
+            return self._consume_joined()
         db = self.connect()
         pg = db.dialect == "postgres"
         batch = self.batch
@@ -67,6 +76,32 @@ class _Homing(Driver):
             else:
                 db.complete_many(jobs)
             Tally.done(len(jobs))
+
+    def _consume_joined(self) -> None:
+        db = self.connect()
+        pg = db.dialect == "postgres"
+        batch = self.batch
+        jobs: list[Any] = []
+        while True:
+            if jobs:  # the jobs run last turn: completed in the commit of the next grab
+                with db.transaction() as tx:
+                    if len(jobs) == 1:
+                        tx.complete(jobs[0])
+                    else:
+                        tx.complete_many(jobs)
+                    done = len(jobs)
+                    jobs = tx.grab_many([JOB_TYPE], lock_for=LOCK_FOR, limit=batch)
+                Tally.done(done)
+            else:
+                jobs = db.grab_many([JOB_TYPE], lock_for=LOCK_FOR, limit=batch)
+            if not jobs:
+                if pg:
+                    db.wait_for_jobs(0.1)
+                else:
+                    time.sleep(0.002)
+                continue
+            for job in jobs:
+                Tally.started(job.args)  # the no-op handler
 
 
 class HomingSQLite(_Homing):
@@ -123,6 +158,16 @@ class HomingPostgres(_Homing):
             with db.transaction() as tx:
                 sc = tx.connection.execute("SHOW synchronous_commit").fetchone()[0]
         return {"synchronous_commit (session)": sc, "batch": self.batch, "notify": "LISTEN/NOTIFY"}
+
+
+class HomingSQLiteJoined(HomingSQLite):
+    name = "homing-sqlite-joined"
+    joined = True
+
+
+class HomingPostgresJoined(HomingPostgres):
+    name = "homing-pg-joined"
+    joined = True
 
 
 class HomingPostgresNonDurable(HomingPostgres):
