@@ -113,7 +113,7 @@ class _JobAPI:
         # power failure is its expiry; the completion that follows is durable.
         if not controls:  # no type has a control: the one statement, as ever
             with self._stmt(durable=False) as tx:
-                return self._ops.grab(
+                grabbed = self._ops.lease_rows(
                     tx,
                     names,
                     lock_for=lock_for,
@@ -121,8 +121,8 @@ class _JobAPI:
                     limit=limit,
                     worker_id=worker_id,
                     idle_channel=idle_channel,
-                    checked=True,
                 )
+            return self._ops.jobs_of(grabbed)  # after the commit: args decoded unlocked
         plan = plan_grab(controls, names)
         jobs: list[Job] = []
         if plan.free:

@@ -10,7 +10,7 @@ import os
 import socket
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from homing import ids
 from homing.errors import (
@@ -48,6 +48,7 @@ from homing.job_model import (
 from homing.store import holders_queries as hq
 from homing.store import job_controls_queries as cq
 from homing.store import jobs_queries as q
+from homing.store.dialect import SqlDialect
 from homing.store.protocol import Store, Tx
 
 __all__ = [  # the job API's types and the input checks other parts use too
@@ -102,6 +103,14 @@ def default_worker_id() -> str:
 
 _NO_LEASE = "00000000-0000-0000-0000-000000000000"
 _MAX_HOLDERS_REMEMBERED = 1024  # holder ids a process keeps (JobOps.holder_id)
+
+
+class Grabbed(NamedTuple):
+    """Rows leased by ``JobOps.lease_rows``, not yet made into jobs."""
+
+    lease: q.Lease
+    rows: list[tuple[Any, ...]]
+    sql: SqlDialect  # decodes the args
 
 
 class JobOps:
@@ -252,12 +261,10 @@ class JobOps:
         worker_id: str | None,
         idle_channel: str | None = None,
         control: TypeControl | None = None,
-        checked: bool = False,
     ) -> list[Job]:
         """Lease up to ``limit`` jobs; with ``control``, of that one limited type under its
-        limits (the caller's transaction must be a real one: it holds the type's lock).
-        ``checked``: ``types`` is what ``check_types`` returned already."""
-        names = types if checked else check_types(types)
+        limits (the caller's transaction must be a real one: it holds the type's lock)."""
+        names = check_types(types)
         seconds = self.check_grab(lock_for, limit, worker_id)
         now = self.store.clock.now()
         lease = q.Lease(
@@ -271,6 +278,39 @@ class JobOps:
             )
         else:
             rows = limited_grab(tx, control, now=now, lease=lease, limit=limit, where=where)
+        return self._jobs(lease, rows)
+
+    def lease_rows(
+        self,
+        tx: Tx,
+        names: Sequence[str],
+        *,
+        lock_for: Any,
+        where: Mapping[str, Any] | None,
+        limit: int,
+        worker_id: str | None,
+        idle_channel: str | None = None,
+    ) -> Grabbed:
+        """``grab``'s lease alone (types checked already, no type controls): the rows as
+        stored, made into jobs by ``jobs_of`` after the commit, so that on SQLite the
+        write lock is not held while their args are decoded."""
+        seconds = self.check_grab(lock_for, limit, worker_id)
+        now = self.store.clock.now()
+        lease = q.Lease(
+            token=ids.uuid7(),
+            until=now + seconds,
+            holder=self.holder_id(tx, worker_id or default_worker_id(), now),
+        )
+        rows = q.grab_rows(
+            tx, names, now=now, lease=lease, limit=limit, where=where, idle_channel=idle_channel
+        )
+        return Grabbed(lease, rows, tx.sql)
+
+    def jobs_of(self, grabbed: Grabbed) -> list[Job]:
+        """The jobs of a ``lease_rows`` (no transaction needed)."""
+        return self._jobs(grabbed.lease, q.decode_grabbed(grabbed.sql, grabbed.rows))
+
+    def _jobs(self, lease: q.Lease, rows: Sequence[Mapping[str, Any]]) -> list[Job]:
         return [
             Job(
                 handle=self.handle_of(r["id"]),

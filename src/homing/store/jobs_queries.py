@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from homing.store import holders_queries as hq
-from homing.store.dialect import STILL_RUNNING, GrabRequest
+from homing.store.dialect import STILL_RUNNING, GrabRequest, SqlDialect
 from homing.store.job_deps_queries import WAIT_AT
 from homing.store.job_filters import compile_where
 from homing.store.protocol import Tx
@@ -207,7 +207,47 @@ def grab_jobs(
     idle_channel: str | None = None,
     extra: tuple[str, list[Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Lease up to ``limit`` available jobs of ``types`` to one holder, atomically.
+    """``grab_rows`` decoded (``decode_grabbed``) in the same transaction."""
+    rows = grab_rows(
+        tx,
+        types,
+        now=now,
+        lease=lease,
+        limit=limit,
+        where=where,
+        idle_channel=idle_channel,
+        extra=extra,
+    )
+    return decode_grabbed(tx.sql, rows)
+
+
+_PRIORITY, _SEQ = GRAB_COLUMNS.index("priority"), GRAB_COLUMNS.index("seq")
+
+
+def decode_grabbed(sql: SqlDialect, rows: Sequence[Sequence[Any]]) -> list[dict[str, Any]]:
+    """The rows of ``grab_rows`` as dicts with their args decoded: needs no transaction,
+    so that a caller may do it after the commit (on SQLite, not holding the write lock)."""
+    out = []
+    for values in rows:
+        row = dict(zip(GRAB_COLUMNS, values, strict=True))
+        row["args"] = sql.load_json(row["args"])
+        out.append(row)
+    return out
+
+
+def grab_rows(
+    tx: Tx,
+    types: Sequence[str],
+    *,
+    now: float,
+    lease: Lease,
+    limit: int,
+    where: Mapping[str, Any] | None,
+    idle_channel: str | None = None,
+    extra: tuple[str, list[Any]] | None = None,
+) -> list[tuple[Any, ...]]:
+    """Lease up to ``limit`` available jobs of ``types`` to one holder, atomically; their
+    ``GRAB_COLUMNS`` as stored (args not decoded), best priority first.
 
     ``extra`` (`` AND <clause>``, params) narrows the search further (the per-key limits).
 
@@ -249,8 +289,8 @@ def grab_jobs(
     if len(rows) < limit:
         rows += tx.sql.grab_staged(tx, replace(request, limit=limit - len(rows)), _GRAB_COLS)
     n = len(GRAB_COLUMNS)
-    result = [_row(tx, values[:n], GRAB_COLUMNS) for values in rows]
-    result.sort(key=lambda r: (-r["priority"], r["seq"]))
+    result = [tuple(values[:n]) for values in rows]
+    result.sort(key=lambda v: (-v[_PRIORITY], v[_SEQ]))
     return result
 
 
