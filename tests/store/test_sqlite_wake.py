@@ -9,10 +9,10 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
+from homing.store import sqlite_wake
 from homing.store.sqlite import SQLiteStore
 from homing.store.sqlite_wake import StoreWake, wake_dir
 
@@ -72,8 +72,11 @@ def test_dead_processes_sockets_are_swept_and_the_last_one_out_removes_the_direc
     assert eventually(lambda: not directory.exists())
 
 
-def _receivers() -> int:
-    return sum(t.name == "homing-sqlite-wake" for t in threading.enumerate())
+def _receivers(directory: Path) -> int:
+    """Live receiver threads of the store whose wake directory is ``directory`` (each
+    registers its socket until it ends). Not every thread of the name: another test's
+    receiver may still be winding down (it ends within its receive timeout)."""
+    return sum(Path(path).parent == directory for path in dict(sqlite_wake._listening))
 
 
 def test_closing_the_last_handle_stops_listening_though_the_handles_are_still_held(
@@ -81,18 +84,18 @@ def test_closing_the_last_handle_stops_listening_though_the_handles_are_still_he
 ) -> None:
     url = f"sqlite:///{tmp_path / 'store.db'}"
     directory = wake_dir(str((tmp_path / "store.db").resolve()))
-    before = _receivers()
+    before = _receivers(directory)
     first, second = SQLiteStore(url), SQLiteStore(url)
     first.wakeup("chan", min_poll=0.01, max_poll=0.1).close()  # listens from now on
-    assert _receivers() == before + 1 and len(os.listdir(directory)) == 1
+    assert _receivers(directory) == before + 1 and len(os.listdir(directory)) == 1
     first.close()
     time.sleep(0.2)
-    assert _receivers() == before + 1  # the other handle is open: still listening
+    assert _receivers(directory) == before + 1  # the other handle is open: still listening
     second.close()
-    assert eventually(lambda: _receivers() == before and not directory.exists())
+    assert eventually(lambda: _receivers(directory) == before and not directory.exists())
     third = SQLiteStore(url)  # a new handle listens again
     third.wakeup("chan", min_poll=0.01, max_poll=0.1).close()
-    assert _receivers() == before + 1 and len(os.listdir(directory)) == 1
+    assert _receivers(directory) == before + 1 and len(os.listdir(directory)) == 1
     third.close()
-    assert eventually(lambda: _receivers() == before and not directory.exists())
+    assert eventually(lambda: _receivers(directory) == before and not directory.exists())
     assert first is not None and second is not None  # held all along
