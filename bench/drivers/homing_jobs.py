@@ -64,10 +64,7 @@ class _Homing(Driver):
         while True:
             jobs = db.grab_many([JOB_TYPE], lock_for=LOCK_FOR, limit=batch)
             if not jobs:
-                if pg:
-                    db.wait_for_jobs(0.1)
-                else:
-                    time.sleep(0.002)
+                _idle(db, pg)
                 continue
             for job in jobs:
                 Tally.started(job.args)  # the no-op handler
@@ -95,13 +92,18 @@ class _Homing(Driver):
             else:
                 jobs = db.grab_many([JOB_TYPE], lock_for=LOCK_FOR, limit=batch)
             if not jobs:
-                if pg:
-                    db.wait_for_jobs(0.1)
-                else:
-                    time.sleep(0.002)
+                _idle(db, pg)
                 continue
             for job in jobs:
                 Tally.started(job.args)  # the no-op handler
+
+
+def _idle(db: Any, pg: bool) -> None:
+    """An idle consumer's wait: LISTEN/NOTIFY on PostgreSQL, a 2 ms poll on SQLite."""
+    if pg:
+        db.wait_for_jobs(0.1)
+    else:
+        time.sleep(0.002)
 
 
 class HomingSQLite(_Homing):

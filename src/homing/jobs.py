@@ -6,11 +6,9 @@ each in a transaction of its own and ``Transaction`` inside the caller's.
 
 from __future__ import annotations
 
-import os
 import socket
-import threading
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from homing import ids
 from homing.errors import (
@@ -33,9 +31,10 @@ from homing.job_checks import (
     encode_json,
     to_timestamp,
 )
-from homing.job_controls import TypeControl, control_cache, limited_grab
+from homing.job_controls import control_cache
 from homing.job_deps import WAIT_AT, check_after
 from homing.job_deps import record as record_after
+from homing.job_leases import MAX_LOCK_FOR_S, Leasing, default_worker_id
 from homing.job_model import (
     Failure,
     FailureKind,
@@ -45,10 +44,8 @@ from homing.job_model import (
     JobSpec,
     JobState,
 )
-from homing.store import holders_queries as hq
 from homing.store import job_controls_queries as cq
 from homing.store import jobs_queries as q
-from homing.store.dialect import SqlDialect
 from homing.store.protocol import Store, Tx
 
 __all__ = [  # the job API's types and the input checks other parts use too
@@ -75,7 +72,6 @@ __all__ = [  # the job API's types and the input checks other parts use too
 
 DEFAULT_MAX_ARGS_BYTES = 1024 * 1024
 DEFAULT_RETENTION_S = 7 * 24 * 3600.0
-MAX_LOCK_FOR_S = 30 * 24 * 3600.0
 
 
 def _state(row: dict[str, Any]) -> JobState:
@@ -97,23 +93,10 @@ def _spec(item: Any) -> JobSpec:
     raise InvalidArgument(f"expected a JobSpec or a (type, args) tuple, got {item!r}")
 
 
-def default_worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{threading.current_thread().name}"
-
-
 _NO_LEASE = "00000000-0000-0000-0000-000000000000"
-_MAX_HOLDERS_REMEMBERED = 1024  # holder ids a process keeps (JobOps.holder_id)
 
 
-class Grabbed(NamedTuple):
-    """Rows leased by ``JobOps.lease_rows``, not yet made into jobs."""
-
-    lease: q.Lease
-    rows: list[tuple[Any, ...]]
-    sql: SqlDialect  # decodes the args
-
-
-class JobOps:
+class JobOps(Leasing):
     """The job operations over an open transaction; handles carry ``shard`` when sharded."""
 
     def __init__(
@@ -128,29 +111,7 @@ class JobOps:
         # (pid, worker id) -> (homing_holders.id, when registered by the store's clock)
         self._holders: dict[tuple[int, str], tuple[int, float]] = {}
 
-    def holder_id(self, tx: Tx, worker: str, now: float) -> int:
-        """This process's holder id for ``worker``: registered in ``tx`` the first time,
-        renewed every ``HOLDER_RENEW_S`` so that gc never forgets a live one. Remembered
-        only once ``tx`` commits: a rolled-back registration names no row."""
-        key = (os.getpid(), worker)
-        known = self._holders.get(key)
-        if known is not None and known[1] <= now < known[1] + hq.HOLDER_RENEW_S:
-            return known[0]
-        holder = hq.register_holder(tx, self._host, key[0], worker, now=now)
-        holders = self._holders
-
-        def remember() -> None:
-            if len(holders) >= _MAX_HOLDERS_REMEMBERED:  # threads named afresh each time
-                holders.clear()
-            holders[key] = (holder, now)
-
-        tx.call_after_commit(remember)
-        return holder
-
     # handles -------------------------------------------------------------------------
-    def handle_of(self, job_id: str) -> str:
-        return job_id if self.shard is None else f"{self.shard}:{job_id}"
-
     def id_of(self, handle: Any) -> str:
         if isinstance(handle, Job):
             if handle.handle is handle.id and self.shard is None:
@@ -238,96 +199,6 @@ class JobOps:
     def needs_transaction(jobs: Sequence[q.NewJob]) -> bool:
         """True when an insert is more than one statement (a timeout, dependencies)."""
         return any(j.timeout_s is not None or j.after for j in jobs)
-
-    # grab ----------------------------------------------------------------------------
-    @staticmethod
-    def check_grab(lock_for: Any, limit: Any, worker_id: Any) -> float:
-        """A grab's arguments, refused when wrong; returns the lease in seconds."""
-        seconds = check_seconds("lock_for", lock_for, allow_zero=False, maximum=MAX_LOCK_FOR_S)
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise InvalidArgument(f"limit must be a positive integer, got {limit!r}")
-        if worker_id is not None and not isinstance(worker_id, str):
-            raise InvalidArgument(f"worker_id must be a string, got {worker_id!r}")
-        return seconds
-
-    def grab(
-        self,
-        tx: Tx,
-        types: Any,
-        *,
-        lock_for: Any,
-        where: Mapping[str, Any] | None,
-        limit: int,
-        worker_id: str | None,
-        idle_channel: str | None = None,
-        control: TypeControl | None = None,
-    ) -> list[Job]:
-        """Lease up to ``limit`` jobs; with ``control``, of that one limited type under its
-        limits (the caller's transaction must be a real one: it holds the type's lock)."""
-        names = check_types(types)
-        seconds = self.check_grab(lock_for, limit, worker_id)
-        now = self.store.clock.now()
-        lease = q.Lease(
-            token=ids.uuid7(),
-            until=now + seconds,
-            holder=self.holder_id(tx, worker_id or default_worker_id(), now),
-        )
-        if control is None:
-            rows = q.grab_jobs(
-                tx, names, now=now, lease=lease, limit=limit, where=where, idle_channel=idle_channel
-            )
-        else:
-            rows = limited_grab(tx, control, now=now, lease=lease, limit=limit, where=where)
-        return self._jobs(lease, rows)
-
-    def lease_rows(
-        self,
-        tx: Tx,
-        names: Sequence[str],
-        *,
-        lock_for: Any,
-        where: Mapping[str, Any] | None,
-        limit: int,
-        worker_id: str | None,
-        idle_channel: str | None = None,
-    ) -> Grabbed:
-        """``grab``'s lease alone (types checked already, no type controls): the rows as
-        stored, made into jobs by ``jobs_of`` after the commit, so that on SQLite the
-        write lock is not held while their args are decoded."""
-        seconds = self.check_grab(lock_for, limit, worker_id)
-        now = self.store.clock.now()
-        lease = q.Lease(
-            token=ids.uuid7(),
-            until=now + seconds,
-            holder=self.holder_id(tx, worker_id or default_worker_id(), now),
-        )
-        rows = q.grab_rows(
-            tx, names, now=now, lease=lease, limit=limit, where=where, idle_channel=idle_channel
-        )
-        return Grabbed(lease, rows, tx.sql)
-
-    def jobs_of(self, grabbed: Grabbed) -> list[Job]:
-        """The jobs of a ``lease_rows`` (no transaction needed)."""
-        return self._jobs(grabbed.lease, q.decode_grabbed(grabbed.sql, grabbed.rows))
-
-    def _jobs(self, lease: q.Lease, rows: Sequence[Mapping[str, Any]]) -> list[Job]:
-        return [
-            Job(
-                handle=self.handle_of(r["id"]),
-                id=r["id"],
-                type=r["type"],
-                args=r["args"],
-                priority=r["priority"],
-                attempts=r["attempts"],
-                lease_token=lease.token,
-                lease_expires_at=lease.until,
-                run_at=r["run_at"],
-                created_at=r["created_at"],
-                unique_key=r["unique_key"],
-                timeout=r["timeout_s"],
-            )
-            for r in rows
-        ]
 
     # finishing -----------------------------------------------------------------------
     def _refuse(self, tx: Tx, job_id: str, token: str, action: str) -> None:

@@ -196,29 +196,9 @@ def _expiry_marks(store: Any) -> ExpiryMarks | None:
     return marks
 
 
-def grab_jobs(
-    tx: Tx,
-    types: Sequence[str],
-    *,
-    now: float,
-    lease: Lease,
-    limit: int,
-    where: Mapping[str, Any] | None,
-    idle_channel: str | None = None,
-    extra: tuple[str, list[Any]] | None = None,
-) -> list[dict[str, Any]]:
-    """``grab_rows`` decoded (``decode_grabbed``) in the same transaction."""
-    rows = grab_rows(
-        tx,
-        types,
-        now=now,
-        lease=lease,
-        limit=limit,
-        where=where,
-        idle_channel=idle_channel,
-        extra=extra,
-    )
-    return decode_grabbed(tx.sql, rows)
+def grab_jobs(tx: Tx, types: Sequence[str], **grab: Any) -> list[dict[str, Any]]:
+    """``grab_rows`` (same arguments) decoded (``decode_grabbed``) in the transaction."""
+    return decode_grabbed(tx.sql, grab_rows(tx, types, **grab))
 
 
 _PRIORITY, _SEQ = GRAB_COLUMNS.index("priority"), GRAB_COLUMNS.index("seq")
