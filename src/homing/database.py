@@ -109,45 +109,39 @@ class _JobAPI:
         if where is None and not self._may_find_jobs(names):
             return []
         controls = self._ops.controls.get()
+
         # A lease need not reach the disk by itself (Store.statement): losing it in a
         # power failure is its expiry; the completion that follows is durable.
-        if not controls:  # no type has a control: the one statement, as ever
+        def grab_free(free: Sequence[str]) -> list[Job]:
+            """Types without a control: one statement; the jobs made after its commit (on
+            SQLite the write lock is not held while their args are parsed)."""
             with self._stmt(durable=False) as tx:
                 grabbed = self._ops.lease_rows(
                     tx,
-                    names,
+                    free,
                     lock_for=lock_for,
                     where=where,
                     limit=limit,
                     worker_id=worker_id,
                     idle_channel=idle_channel,
                 )
-            return self._ops.jobs_of(grabbed)  # after the commit: args decoded unlocked
+            return self._ops.jobs_of(grabbed)
+
+        if not controls:  # no type has a control: the one statement, as ever
+            return grab_free(names)
         plan = plan_grab(controls, names)
-        jobs: list[Job] = []
-        if plan.free:
-            with self._stmt(durable=False) as tx:
-                jobs = self._ops.grab(
-                    tx,
-                    plan.free,
-                    lock_for=lock_for,
-                    where=where,
-                    limit=limit,
-                    worker_id=worker_id,
-                    idle_channel=idle_channel,
-                )
+        jobs = grab_free(plan.free) if plan.free else []
         for control in plan.limited:
             if len(jobs) >= limit:
                 break
             with self._tx() as tx:
-                jobs += self._ops.grab(
+                jobs += self._ops.grab_limited(
                     tx,
-                    [control.type],
+                    control,
                     lock_for=lock_for,
                     where=where,
                     limit=limit - len(jobs),
                     worker_id=worker_id,
-                    control=control,
                 )
         return jobs
 

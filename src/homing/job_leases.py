@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 from homing import ids
 from homing.errors import InvalidArgument
-from homing.job_checks import check_seconds, check_types
+from homing.job_checks import check_seconds
 from homing.job_controls import TypeControl, limited_grab
 from homing.job_model import Job
 from homing.store import holders_queries as hq
@@ -81,32 +81,18 @@ class Leasing:
             raise InvalidArgument(f"worker_id must be a string, got {worker_id!r}")
         return seconds
 
-    def grab(
+    def grab_limited(
         self,
         tx: Tx,
-        types: Any,
+        control: TypeControl,
         *,
         lock_for: Any,
         where: Mapping[str, Any] | None,
         limit: int,
         worker_id: str | None,
-        idle_channel: str | None = None,
-        control: TypeControl | None = None,
     ) -> list[Job]:
-        """Lease up to ``limit`` jobs; with ``control``, of that one limited type under its
-        limits (the caller's transaction must be a real one: it holds the type's lock)."""
-        names = check_types(types)
-        if control is None:
-            grabbed = self.lease_rows(
-                tx,
-                names,
-                lock_for=lock_for,
-                where=where,
-                limit=limit,
-                worker_id=worker_id,
-                idle_channel=idle_channel,
-            )
-            return self.jobs_of(grabbed)
+        """Lease up to ``limit`` jobs of ``control``'s type under its limits (the caller's
+        transaction must be a real one: it holds the type's lock)."""
         now, lease = self._new_lease(tx, lock_for, limit, worker_id)
         rows = limited_grab(tx, control, now=now, lease=lease, limit=limit, where=where)
         return self._jobs(lease, rows)
