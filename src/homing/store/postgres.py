@@ -12,6 +12,7 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from homing._json import stored_loads
 from homing.clock import Clock, SystemClock
 from homing.errors import ConfigurationError, StoreUnavailable, StoreUnreachable
 from homing.store._common import TxSlot, parse_bool, split_url
@@ -28,6 +29,7 @@ from homing.store.wakeup import NotifyWakeup
 try:
     import psycopg
     from psycopg import sql as pgsql
+    from psycopg.types.json import set_json_loads
     from psycopg.types.string import TextLoader
     from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
@@ -204,6 +206,8 @@ _LEASE_SETTINGS = ("-c synchronous_commit=off", "-c plan_cache_mode=force_generi
 # version 8) and text everywhere in homing's API: homing's sessions read a uuid as its text.
 _ADAPTERS = psycopg.adapt.AdaptersMap(psycopg.adapters)
 _ADAPTERS.register_loader("uuid", TextLoader)
+# json/jsonb values (job args) decoded with the C scanner (homing._json.stored_loads)
+set_json_loads(stored_loads, _ADAPTERS)
 
 
 class _Replanner:

@@ -11,6 +11,7 @@ statement that PostgreSQL can plan once (prepared by psycopg, generic plan).
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -86,6 +87,7 @@ _EXPIRED_SUMMARY = (
 )
 
 
+@functools.lru_cache(maxsize=16)
 def _returning(columns: str) -> str:
     cols = ", ".join(f"j.{c.strip()}" for c in columns.split(","))
     return f"RETURNING {cols}, c.old_state, c.old_holder, c.old_exp"

@@ -7,14 +7,13 @@ dead entries (no MVCC in the B-tree), so the ready-jobs index alone keeps the gr
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
+from homing._json import stored_loads
 from homing.store.dialect import SET_LEASE, SET_LEASE_READY, GrabRequest, SqlDialect
 from homing.store.protocol import Tx
 
-_SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # compact JSON as written
 _MAX_VARS = 500  # bound variables per statement, well under SQLite's limit
 _MAX_VARS_OLD_SQLITE = 999  # SQLite's own limit before 3.32 (32,766 since)
 _INSERT_HEAD = (
@@ -74,13 +73,7 @@ class SqliteSql(SqlDialect):
     skip_locked = ""
 
     def load_json(self, value: Any) -> Any:
-        if not isinstance(value, str):
-            return value
-        try:  # the C scanner straight away: json.loads adds two regex matches and a call
-            obj, end = _SCAN(value, 0)
-        except StopIteration:
-            return json.loads(value)  # raises the decoder's own error
-        return obj if end == len(value) else json.loads(value)  # spaces around it, or junk
+        return stored_loads(value) if isinstance(value, str) else value
 
     def in_list(self, column: str, values: Sequence[Any]) -> tuple[str, list[Any]]:
         return f"{column} IN ({_marks(len(values))})", list(values)

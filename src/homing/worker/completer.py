@@ -93,21 +93,35 @@ def write_completions(w: Worker, items: list[Outcome]) -> None:
     try:
         refused = w.db.complete_each([o.ctx.job for o in items])
     except Exception as exc:  # nothing was written; leases will expire
-        for o in items:
-            w.finish_job(
-                o.ctx,
-                "error",
-                error=f"could not record the outcome ({o.label}): {exc}; the job runs "
-                "again when its lease expires",
-            )
+        unrecorded(w, items, exc)
         return
     lost = {job.id: exc for job, exc in refused}
-    for o in items:
-        if o.ctx.job.id in lost:
-            why = lost[o.ctx.job.id]
-            w.finish_job(o.ctx, lost_label(why), error=str(why))
-        else:
-            w.finish_job(o.ctx, o.label)
+    w.finish_jobs(
+        [
+            (o.ctx, lost_label(lost[o.ctx.job.id]), {"error": str(lost[o.ctx.job.id])})
+            if o.ctx.job.id in lost
+            else (o.ctx, o.label, {})
+            for o in items
+        ]
+    )
+
+
+def unrecorded(w: Worker, items: list[Outcome], exc: Exception) -> None:
+    """Nothing of the batch was written: its jobs end here as errors; their leases expire
+    and they run again."""
+    w.finish_jobs(
+        [
+            (
+                o.ctx,
+                "error",
+                {
+                    "error": f"could not record the outcome ({o.label}): {exc}; the job runs "
+                    "again when its lease expires"
+                },
+            )
+            for o in items
+        ]
+    )
 
 
 def write(w: Worker, items: list[Outcome], grab: GrabRequest | None = None) -> None:
@@ -126,19 +140,16 @@ def write(w: Worker, items: list[Outcome], grab: GrabRequest | None = None) -> N
         except OnCompleteFailed:  # a refused lease does not raise: complete_each reports it
             items[:] = [write_alone(w, o) for o in items]
     except Exception as exc:  # nothing was written; leases will expire
-        for o in items:
-            w.finish_job(
-                o.ctx,
-                "error",
-                error=f"could not record the outcome ({o.label}): {exc}; the job runs "
-                "again when its lease expires",
-            )
+        unrecorded(w, items, exc)
         return
-    for o in items:
-        if o.result is not None:
-            w.finish_job(o.ctx, lost_label(o.result), error=str(o.result))
-        else:
-            w.finish_job(o.ctx, o.label, error=o.error, retry_in=o.retry_in)
+    w.finish_jobs(
+        [
+            (o.ctx, lost_label(o.result), {"error": str(o.result)})
+            if o.result is not None
+            else (o.ctx, o.label, {"error": o.error, "retry_in": o.retry_in})
+            for o in items
+        ]
+    )
 
 
 def write_batch(

@@ -62,7 +62,9 @@ class JobContext:
         self._tx: Transaction | None = None
         self._children: list[JobSpec | tuple[str, Any]] | None = None
         self._on_complete: list[Callable[[Transaction], Any]] = []
-        self._lost = threading.Event()
+        # set once, from another thread (heartbeat, watcher, timer): a flag, not an Event,
+        # which costs a Condition and a lock per job and is never waited on
+        self._lost = False
         self._lost_reason = ""
         self.lost_kind = "lease_lost"  # or "cancelled", "timed_out"
         self.deadline: float | None = None  # store-clock time this attempt must end by
@@ -75,25 +77,25 @@ class JobContext:
     @property
     def lease_lost(self) -> bool:
         """True once this worker no longer holds the job; the handler should stop early."""
-        return self._lost.is_set()
+        return self._lost
 
     @property
     def cancelled(self) -> bool:
         """True once the job was cancelled (``db.cancel``): stop early; its completion is
         refused anyway. An async handler is cancelled (``asyncio.CancelledError``)."""
-        return self._lost.is_set() and self.lost_kind == "cancelled"
+        return self._lost and self.lost_kind == "cancelled"
 
     @property
     def timed_out(self) -> bool:
         """True once this attempt ran past its timeout (the job was failed, retryable)."""
-        return self._lost.is_set() and self.lost_kind == "timed_out"
+        return self._lost and self.lost_kind == "timed_out"
 
     def _mark_lost(self, reason: str, kind: str = "lease_lost") -> None:
-        if self._lost.is_set():
+        if self._lost:
             return
         self._lost_reason = reason
         self.lost_kind = kind
-        self._lost.set()
+        self._lost = True
         task, loop = self._task, self._worker._loop
         if task is not None and loop is not None:
             loop.call_soon_threadsafe(task.cancel)
@@ -151,7 +153,7 @@ class JobContext:
     def _open(self) -> Transaction:
         if self._tx is not None:
             return self._tx
-        if self._lost.is_set():
+        if self._lost:
             raise LeaseLost(f"job {self.job.handle}: {self._lost_reason}")
         stack = ExitStack()
         self._tx = stack.enter_context(self._worker.transaction_for(self.job))

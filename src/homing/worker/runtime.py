@@ -409,27 +409,38 @@ class Worker:
         self._outcomes.put(outcome)
 
     def finish_job(self, ctx: JobContext, outcome: str, **extra: Any) -> None:
+        self.finish_jobs([(ctx, outcome, extra)])
+
+    def finish_jobs(self, finished: Sequence[tuple[JobContext, str, dict[str, Any]]]) -> None:
+        """Count jobs as finished (outcome committed, or the job lost) and free their
+        places: a completer's batch under one lock and one wake-up of the fetcher."""
+        ended: list[tuple[JobContext, str, dict[str, Any]]] = []
         with self._slots:
-            if ctx.phase == "done":
-                return
-            if ctx.phase != "completing":
-                self._active -= 1
-            ctx.phase = "done"
-            name = _COUNTERS.get(outcome, "errors")
-            setattr(self.stats, name, getattr(self.stats, name) + 1)
-            self._held.pop(ctx.job.id, None)
-            self._inflight -= 1
-            self._slots.notify_all()
+            for ctx, outcome, extra in finished:
+                if ctx.phase == "done":
+                    continue
+                if ctx.phase != "completing":
+                    self._active -= 1
+                ctx.phase = "done"
+                name = _COUNTERS.get(outcome, "errors")
+                setattr(self.stats, name, getattr(self.stats, name) + 1)
+                self._held.pop(ctx.job.id, None)
+                self._inflight -= 1
+                ended.append((ctx, outcome, extra))
+            if ended:
+                self._slots.notify_all()
             settled = self.until_idle and self._inflight == 0
         if settled:  # the fetcher's last grab proved nothing: let it look again now
             self.wakeup.interrupt()
-        duration = time.monotonic() - ctx.started if ctx.started else 0.0
-        log_job(ctx, outcome, duration, **extra)
-        for observe in self.observers:
-            try:
-                observe(ctx.job, outcome, duration)
-            except Exception:  # an observer must not stop the worker
-                log.exception("job observer %r failed", observe)
+        now = time.monotonic()
+        for ctx, outcome, extra in ended:
+            duration = now - ctx.started if ctx.started else 0.0
+            log_job(ctx, outcome, duration, **extra)
+            for observe in self.observers:
+                try:
+                    observe(ctx.job, outcome, duration)
+                except Exception:  # an observer must not stop the worker
+                    log.exception("job observer %r failed", observe)
 
     # -- heartbeat ---------------------------------------------------------------------------
 
@@ -442,6 +453,12 @@ def handler_average(mean: float | None, ran: float) -> float:
 
 
 def log_job(ctx: JobContext, outcome: str, duration: float, **extra: Any) -> None:
+    if outcome == "error":
+        level = logging.ERROR
+    else:
+        level = logging.INFO if outcome in ("done", "replaced") else logging.WARNING
+    if not log.isEnabledFor(level):  # per job: build nothing that nobody reads
+        return
     job = ctx.job
     fields = {
         "event": "job",
@@ -452,12 +469,8 @@ def log_job(ctx: JobContext, outcome: str, duration: float, **extra: Any) -> Non
         "outcome": outcome,
         **{k: v for k, v in extra.items() if v not in (None, 0, 0.0, "")},
     }
-    level = logging.INFO if outcome in ("done", "replaced") else logging.WARNING
-    if outcome == "error":
-        level = logging.ERROR
-    if log.isEnabledFor(level):
-        summary = " ".join(f"{k}={v}" for k, v in fields.items() if k not in ("event", "error"))
-        err = fields.get("error")
-        if err:
-            summary += " error=" + str(err).splitlines()[0]
-        log.log(level, "job %s", summary, extra={"homing": fields})
+    summary = " ".join(f"{k}={v}" for k, v in fields.items() if k not in ("event", "error"))
+    err = fields.get("error")
+    if err:
+        summary += " error=" + str(err).splitlines()[0]
+    log.log(level, "job %s", summary, extra={"homing": fields})

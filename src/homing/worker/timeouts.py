@@ -29,8 +29,10 @@ class JobTimeout(HomingError):
 
 def timeout_of(ctx: JobContext) -> float | None:
     """The shorter of the job's own timeout and its type's (None: no timeout)."""
-    given = [t for t in (ctx.job.timeout, ctx.handler.timeout) if t is not None]
-    return min(given) if given else None
+    own, of_type = ctx.job.timeout, ctx.handler.timeout
+    if own is None:
+        return of_type
+    return own if of_type is None else min(own, of_type)
 
 
 def arm(w: Worker, ctx: JobContext) -> None:
