@@ -80,7 +80,9 @@ def encode_json(value: Any, limit: int, *, what: str, setting: str) -> str:
 
 
 def encode_args(args: Any, limit: int) -> str:
-    return encode_json(args, limit, what="job args", setting="max_args_bytes in homing.connect()")
+    return encode_limited(
+        args, limit, what="job args", setting="max_args_bytes in homing.connect()"
+    )
 
 
 def check_message(message: Any) -> str:
