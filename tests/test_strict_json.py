@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from homing._json import MAX_DEPTH, _depth_ok, strict_loads
+from homing._json import MAX_DEPTH, _depth_ok, compact, stored_loads, strict_loads
 from homing.errors import InvalidArgument
 
 
@@ -113,3 +113,68 @@ def test_ordinary_bodies_parse_as_json_does() -> None:
         }
         data = json.dumps({"v": value, "l": [value, [value]]}).encode()
         assert strict_loads(data) == json.loads(data)
+
+
+def _random_value(rng: random.Random, depth: int = 0) -> object:
+    kind = rng.randrange(8 if depth < 4 else 5)
+    if kind == 0:
+        return None
+    if kind == 1:
+        return rng.choice([True, False])
+    if kind == 2:
+        return rng.randint(-(2**40), 2**40)
+    if kind == 3:
+        return rng.uniform(-1e6, 1e6)
+    if kind == 4:
+        return "".join(
+            rng.choice('ab"\\\n\u00e9\u2028\U0001f600 ') for _ in range(rng.randrange(6))
+        )
+    if kind == 5:
+        return [_random_value(rng, depth + 1) for _ in range(rng.randrange(4))]
+    return {f"k{i}": _random_value(rng, depth + 1) for i in range(rng.randrange(4))}
+
+
+def test_compact_and_stored_loads_agree_with_the_json_module() -> None:
+    """``compact`` (the encoder's C core made once) writes what ``json.dumps`` with the
+    same options writes, and ``stored_loads`` (the C scanner) reads back what
+    ``json.loads`` reads, from compact text, PostgreSQL's spaced ``jsonb`` text and bytes."""
+    rng = random.Random(17)
+    for _ in range(2000):
+        value = _random_value(rng)
+        text = compact(value, what="v")
+        assert text == json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+        spaced = json.dumps(value)
+        assert stored_loads(text) == json.loads(text)
+        assert stored_loads(spaced) == json.loads(spaced)
+        assert stored_loads(spaced.encode()) == json.loads(spaced)
+
+
+@pytest.mark.parametrize(
+    "value, words",
+    [
+        ({"x": float("nan")}, "Out of range float"),
+        ({"x": object()}, "not JSON serializable"),
+        ({1, 2}, "not JSON serializable"),
+    ],
+)
+def test_compact_refuses_what_json_cannot_hold(value: object, words: str) -> None:
+    with pytest.raises(InvalidArgument, match=words):
+        compact(value, what="job args must be JSON")
+
+
+def test_compact_refuses_a_cycle_with_the_json_modules_message() -> None:
+    loop: list[object] = []
+    loop.append({"again": loop})
+    with pytest.raises(InvalidArgument, match="Circular reference"):
+        compact(loop, what="job args must be JSON")
+
+
+@pytest.mark.parametrize("text", ['{"a": 1} x', "[1,", "", "nul", ' {"a": 1}'])
+def test_stored_loads_falls_back_to_json_loads_for_anything_unusual(text: str) -> None:
+    try:
+        expected: object = json.loads(text)
+    except json.JSONDecodeError as exc:
+        with pytest.raises(json.JSONDecodeError, match=exc.msg):
+            stored_loads(text)
+    else:
+        assert stored_loads(text) == expected
