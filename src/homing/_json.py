@@ -121,9 +121,10 @@ def strict_loads(data: bytes, error: type[InvalidArgument] = InvalidArgument) ->
 
 
 _COMPACT = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False)
-# The same encoder's C core, made once: ``JSONEncoder.encode`` builds it on every call (a
-# fifth of a batch insert's Python per job). Without cycle markers (a dict shared between
-# threads would be): a cycle ends in RecursionError, and ``compact`` asks ``_COMPACT``.
+# The same encoder's C core, made once: ``JSONEncoder.encode`` builds it on every call, for
+# every job's args (bench/results/ab-0937854-encoder-uuid-array.md). Without cycle markers
+# (a dict shared between threads would be): a cycle ends in RecursionError, and
+# ``compact`` asks ``_COMPACT``, which names it.
 _ENCODE = (
     None
     if c_make_encoder is None
@@ -138,7 +139,7 @@ def compact(value: Any, *, what: str) -> str:
     starts with ``what`` (e.g. "job args must be JSON (...)"). One reusable encoder:
     ``json.dumps`` with options builds a new one on every call."""
     try:
-        if _ENCODE is None or isinstance(value, str):
+        if _ENCODE is None:  # no C encoder (not CPython)
             return _COMPACT.encode(value)
         try:
             return "".join(_ENCODE(value, 0))
@@ -166,10 +167,11 @@ _SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 def stored_loads(data: str | bytes) -> Any:
     """JSON that homing stored (args, results): the C scanner straight away. ``json.loads``
-    adds an encoding sniff (on bytes), a decode and two whitespace regex matches per value:
-    a fifth of a worker's Python time per job on PostgreSQL, where psycopg decodes every
-    grabbed job's ``jsonb`` args with it. Anything unusual (spaces around the value,
-    trailing junk, an error) falls back to ``json.loads``, which says what is wrong."""
+    adds an encoding sniff (on bytes), a decode and two whitespace regex matches per value,
+    and psycopg calls it for every grabbed job's ``jsonb`` args (measured with the rest of
+    the worker's per-job changes: bench/results/ab-fae75b5-worker-per-job-python.md).
+    Anything unusual (spaces around the value, trailing junk, an error) falls back to
+    ``json.loads``, which says what is wrong."""
     text = data.decode() if isinstance(data, bytes) else data
     try:
         obj, end = _SCAN(text, 0)

@@ -76,9 +76,9 @@ _jstr = json.encoder.encode_basestring
 
 def _uuid_array(values: Sequence[str]) -> str:
     """A uuid[] parameter as one array literal, joined in C: psycopg dumps a list element
-    by element in Python (a tenth of a worker's Python time per job went there). Only for
-    UUIDs in their text form, as ``JobOps.id_of`` and ``_lease_of`` pass them: no quotes,
-    commas or braces that the array syntax would read."""
+    by element in Python (bench/results/ab-0937854-encoder-uuid-array.md). Only for UUIDs
+    in their text form, as ``JobOps.id_of`` and ``_lease_of`` pass them: no quotes, commas
+    or braces that the array syntax would read."""
     return "{" + ",".join(values) + "}"
 
 

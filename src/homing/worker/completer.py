@@ -96,11 +96,19 @@ def write_completions(w: Worker, items: list[Outcome]) -> None:
         unrecorded(w, items, exc)
         return
     lost = {job.id: exc for job, exc in refused}
+    for o in items:
+        o.result = lost.get(o.ctx.job.id)
+    recorded(w, items)
+
+
+def recorded(w: Worker, items: list[Outcome]) -> None:
+    """The batch was written: each job ends as its outcome, or as lost where the store
+    refused it (``result``)."""
     w.finish_jobs(
         [
-            (o.ctx, lost_label(lost[o.ctx.job.id]), {"error": str(lost[o.ctx.job.id])})
-            if o.ctx.job.id in lost
-            else (o.ctx, o.label, {})
+            (o.ctx, lost_label(o.result), {"error": str(o.result)})
+            if o.result is not None
+            else (o.ctx, o.label, {"error": o.error, "retry_in": o.retry_in})
             for o in items
         ]
     )
@@ -142,14 +150,7 @@ def write(w: Worker, items: list[Outcome], grab: GrabRequest | None = None) -> N
     except Exception as exc:  # nothing was written; leases will expire
         unrecorded(w, items, exc)
         return
-    w.finish_jobs(
-        [
-            (o.ctx, lost_label(o.result), {"error": str(o.result)})
-            if o.result is not None
-            else (o.ctx, o.label, {"error": o.error, "retry_in": o.retry_in})
-            for o in items
-        ]
-    )
+    recorded(w, items)
 
 
 def write_batch(
